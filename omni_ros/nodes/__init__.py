@@ -1,0 +1,1 @@
+"""rclpy nodes: thin edges between ROS messages and plain omni_ros Python."""
