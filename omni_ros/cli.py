@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from omni_ros import __version__, commands
-from omni_ros.config import ConfigError
+from omni_ros.errors import OmniRosError
 
 # Order of subcommands in --help; modules not listed follow alphabetically.
 ORDER = ["up", "policy", "serve", "say", "eval", "sim", "train", "export", "bag", "config"]
@@ -37,8 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except ConfigError as exc:
-        print(f"omni-ros: config error: {exc}", file=sys.stderr)
+    except OmniRosError as exc:
+        print(f"omni-ros: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -19,12 +19,14 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from omni_ros.errors import OmniRosError
+
 T = TypeVar("T")
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
 
 
-class ConfigError(ValueError):
+class ConfigError(OmniRosError, ValueError):
     """A configuration file or value is invalid; the message names file and key."""
 
 
@@ -40,8 +42,8 @@ class PolicyConfig:
     backend: Literal["torch", "executorch", "remote"] = "torch"
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16"] = "float32"
-    # Euler steps of the flow-matching sampler.
-    num_steps: int = 10
+    # Euler steps of the flow-matching sampler; null keeps the model's own (10 for small/pi0).
+    num_steps: int | None = None
     # Seed of the sampling noise; null draws fresh noise every call.
     seed: int | None = 0
     # torch intra-op threads; 0 keeps torch's default.

@@ -1,0 +1,49 @@
+"""Gemma-style VLM backbone over the prefix [image tokens, prompt tokens].
+
+The prefix attends bidirectionally (padding excluded) and never sees the
+action suffix, so its keys/values depend only on the observation: `prefill`
+runs once per inference and returns them as an explicit per-layer KV cache
+that every denoising step of the action expert reads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from omni_ros.policy.layers import DecoderLayer, attention, rope_cos_sin
+from omni_ros.policy.model_config import TransformerConfig
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (B, kv_heads, P, head_dim) each
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: TransformerConfig, vocab_size: int, eps: float, rope_theta: float) -> None:
+        super().__init__()
+        self.cfg, self.rope_theta = cfg, rope_theta
+        self.embed_tokens = nn.Embedding(vocab_size, cfg.width)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, eps) for _ in range(cfg.depth))
+
+    def embed_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        # Gemma scales token embeddings by sqrt(width).
+        return self.embed_tokens(tokens) * math.sqrt(self.cfg.width)
+
+    def prefill(self, x: torch.Tensor, mask: torch.Tensor) -> KVCache:
+        """x (B, P, W) prefix embeddings, mask (B, P) valid tokens -> KV cache of every layer."""
+        positions = torch.cumsum(mask.long(), dim=1) - 1
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.rope_theta, x.dtype)
+        attn_mask = (mask[:, None, :] & mask[:, :, None])[:, None]  # (B, 1, P, P)
+        # A padded query row would be all-masked (NaN in softmax); let it see itself.
+        attn_mask = attn_mask | torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
+        cache: KVCache = []
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            cache.append((k, v))
+            # Only the keys/values are consumed downstream: the last layer's
+            # attention output and MLP would be dead work.
+            if i < last:
+                x = layer.finish(x, attention(q, k, v, attn_mask))
+        return cache

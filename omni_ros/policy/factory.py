@@ -1,0 +1,53 @@
+"""One place that turns `policy:` config into a `Policy`, whatever the backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from omni_ros.config import ConfigError, PolicyConfig
+from omni_ros.policy.base import Policy
+
+
+def load_policy(
+    config: PolicyConfig,
+    camera_names: Sequence[str] | None = None,
+    state_dim: int | None = None,
+    action_dim: int | None = None,
+    base_dir: str | Path | None = None,
+) -> Policy:
+    """Build the configured policy.
+
+    camera_names/state_dim/action_dim shape a preset (random weights) to a
+    robot; a checkpoint carries its own and they must agree with it.
+    `base_dir` resolves a relative checkpoint path (the config file's folder).
+    """
+    if config.num_threads > 0:
+        import torch
+
+        torch.set_num_threads(config.num_threads)
+    if config.backend == "torch":
+        from omni_ros.policy.torch_policy import TorchPolicy
+
+        common = {"device": config.device, "dtype": config.dtype, "seed": config.seed, "num_steps": config.num_steps}
+        if config.checkpoint:
+            path = Path(config.checkpoint)
+            if base_dir is not None and not path.is_absolute() and not path.exists():
+                path = Path(base_dir) / path
+            policy = TorchPolicy.from_checkpoint(path, **common)
+            _check_agrees(policy, camera_names, state_dim, action_dim, str(path))
+            return policy
+        return TorchPolicy.from_preset(
+            config.preset, camera_names=camera_names, state_dim=state_dim, action_dim=action_dim, **common
+        )
+    raise ConfigError(f"policy.backend '{config.backend}' is not available in this build; use policy.backend: torch")
+
+
+def _check_agrees(policy: Policy, camera_names, state_dim, action_dim, source: str) -> None:
+    meta = policy.metadata
+    if camera_names is not None and tuple(camera_names) != tuple(meta.camera_names):
+        raise ConfigError(f"{source}: checkpoint cameras {list(meta.camera_names)} != configured {list(camera_names)}")
+    if state_dim is not None and state_dim != meta.state_dim:
+        raise ConfigError(f"{source}: checkpoint state_dim {meta.state_dim} != configured {state_dim}")
+    if action_dim is not None and action_dim != meta.action_dim:
+        raise ConfigError(f"{source}: checkpoint action_dim {meta.action_dim} != configured {action_dim}")

@@ -1,0 +1,37 @@
+"""Flow matching, openpi's convention.
+
+x_t = t * noise + (1 - t) * actions, and the model predicts the velocity
+u = noise - actions. Sampling integrates dx/dt from t = 1 (pure noise) to
+t = 0 (actions) with `num_steps` Euler steps of dt = -1 / num_steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x_t, t of shape (B,)) -> velocity
+
+
+def euler_sample(velocity: VelocityFn, noise: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """Integrate from noise at t=1 to actions at t=0."""
+    dt = -1.0 / num_steps
+    x = noise
+    for step in range(num_steps):
+        t = torch.full((noise.shape[0],), 1.0 + step * dt, device=noise.device, dtype=noise.dtype)
+        x = x + dt * velocity(x, t)
+    return x
+
+
+def sample_time(batch: int, generator: torch.Generator | None = None, device: str | torch.device = "cpu"):
+    """Training times t ~ Beta(1.5, 1) * 0.999 + 0.001, which favours the noisy end."""
+    # Beta(a, 1) has CDF x**a, so inverse-CDF sampling needs only a uniform draw.
+    u = torch.rand(batch, generator=generator, device=device)
+    return u ** (1.0 / 1.5) * 0.999 + 0.001
+
+
+def noisy_actions(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor):
+    """(x_t, target velocity) for clean actions, noise and times t (B,)."""
+    t = t[:, None, None]
+    return t * noise + (1.0 - t) * actions, noise - actions

@@ -1,0 +1,54 @@
+"""Fine-tuning: the flow-matching training step on batches of (observation, action chunk)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from omni_ros.observation import Observation
+from omni_ros.policy.inputs import model_inputs
+from omni_ros.policy.model import Pi0Model
+from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.tokenizer import Tokenizer, make_tokenizer
+
+
+class Trainer:
+    """Holds model, optimizer and RNG; `step` runs one optimisation step and returns the loss."""
+
+    def __init__(
+        self,
+        model: Pi0Model,
+        norm_stats: NormStats,
+        lr: float = 3e-4,
+        weight_decay: float = 1e-4,
+        grad_clip: float = 1.0,
+        seed: int = 0,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self.model = model.train()
+        self.norm_stats = norm_stats
+        self.tokenizer = tokenizer or make_tokenizer(model.cfg.tokenizer)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.grad_clip = grad_clip
+        self.generator = torch.Generator().manual_seed(seed)
+        self.steps = 0
+
+    def batch(self, observations: Sequence[Observation], actions: np.ndarray) -> dict[str, torch.Tensor]:
+        """Tensors for validated observations and their (B, H, action_dim) action chunks in robot units."""
+        device = next(self.model.parameters()).device
+        inputs = model_inputs(self.model.cfg, self.tokenizer, self.norm_stats, observations, device)
+        inputs["actions"] = torch.from_numpy(self.norm_stats.normalize_actions(actions)).to(device)
+        return inputs
+
+    def step(self, batch: dict[str, torch.Tensor]) -> float:
+        self.model.train()
+        loss = self.model.loss(**batch, generator=self.generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.steps += 1
+        return float(loss.detach())
