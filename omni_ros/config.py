@@ -19,7 +19,11 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from omni_ros.control.config import ControlConfig
 from omni_ros.errors import OmniRosError
+from omni_ros.serving.config import ServeConfig
+from omni_ros.sim.config import SimConfig
+from omni_ros.tts.config import TtsConfig
 
 T = TypeVar("T")
 
@@ -69,6 +73,39 @@ class RobotConfig:
 
 
 @dataclass
+class CameraTopic:
+    """One camera input of the policy node."""
+
+    name: str
+    topic: str
+    # sensor_msgs/CompressedImage (jpeg/png) instead of sensor_msgs/Image.
+    compressed: bool = False
+
+
+@dataclass
+class TopicsConfig:
+    """Topics of the policy node (inputs, outputs, safety)."""
+
+    cameras: list[CameraTopic] = field(
+        default_factory=lambda: [
+            CameraTopic("base", "/camera/base/image_raw"),
+            CameraTopic("wrist", "/camera/wrist/image_raw"),
+        ]
+    )
+    joint_states: str = "/joint_states"
+    # std_msgs/String, transient-local (latched): the task prompt.
+    prompt: str = "/omni_ros/prompt"
+    # Used until a prompt arrives; empty -> wait for one.
+    default_prompt: str = ""
+    # std_msgs/Bool: true engages the e-stop (latched until false and a resume).
+    estop: str = "/omni_ros/estop"
+    action_chunk: str = "/omni_ros/action_chunk"
+    # Optional std_msgs/Float64MultiArray copy of each command for forward controllers; empty -> off.
+    forward_command: str = ""
+    diagnostics: str = "/diagnostics"
+
+
+@dataclass
 class OmniConfig:
     """The whole omni_ros configuration (one YAML file in config/)."""
 
@@ -76,6 +113,11 @@ class OmniConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     robot: RobotConfig = field(default_factory=RobotConfig)
     status: StatusConfig = field(default_factory=StatusConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    tts: TtsConfig = field(default_factory=TtsConfig)
 
 
 def load_config(path: str | os.PathLike | None = None, cls: type[T] = OmniConfig) -> T:
@@ -89,7 +131,12 @@ def load_config(path: str | os.PathLike | None = None, cls: type[T] = OmniConfig
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if data is None:
         data = {}
-    return from_dict(cls, data, source=str(path))
+    config = from_dict(cls, data, source=str(path))
+    policy = getattr(config, "policy", None)
+    if isinstance(policy, PolicyConfig) and policy.checkpoint and not Path(policy.checkpoint).is_absolute():
+        # Relative checkpoint paths mean "next to this config file", wherever the command runs from.
+        policy.checkpoint = str((path.parent / policy.checkpoint).resolve())
+    return config
 
 
 def from_dict(cls: type[T], data: Any, source: str = "<dict>", prefix: str = "") -> T:

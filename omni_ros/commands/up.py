@@ -10,11 +10,28 @@ from omni_ros.commands.common import add_config_args, config_from_args
 def run(args: argparse.Namespace) -> int:
     from omni_ros.launcher import run_stack
 
-    return run_stack(config_from_args(args), sim=args.sim, duration=args.duration)
+    return run_stack(
+        config_from_args(args),
+        sim=args.sim,
+        duration=args.duration,
+        bridge=args.bridge,
+        tts=args.tts,
+        processes=args.processes,
+        config_path=args.config,
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="start the omni_ros nodes in one process (Ctrl-C stops them)")
+    p = sub.add_parser(
+        "up",
+        help="start the nodes: policy (+ sim robot with --sim, + OpenPI bridge, + TTS); Ctrl-C stops them",
+        description="Start the omni_ros nodes in one process (shared policy, MultiThreadedExecutor) or, with "
+        "--processes, one process per node. With --sim the simulated robot is started too and commands flow "
+        "(dry_run off); on a real robot the default config is a dry run until you turn it off.",
+    )
     add_config_args(p)
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: run until Ctrl-C)")
+    p.add_argument("--bridge", action="store_true", help="also serve the policy over the OpenPI WebSocket bridge")
+    p.add_argument("--tts", action="store_true", help="also start the voice-feedback (TTS) node")
+    p.add_argument("--processes", action="store_true", help="one OS process per node instead of one for all")
     p.set_defaults(func=run)

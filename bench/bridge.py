@@ -1,0 +1,222 @@
+"""Benchmark of the OpenPI WebSocket bridge; prints one JSON document.
+
+    .venv/bin/python bench/bridge.py [--out bench_bridge.json] [--duration 3] [--skip-torch]
+
+The server runs in its own process, the clients (the real openpi-client, one
+thread each) in this one, over 127.0.0.1. Measured:
+  - overhead: round-trip latency of a 3-camera 224x224 observation against a
+    trivial policy (returns a constant chunk), so serialization + transport +
+    key mapping only; p50 / p95 / mean in ms;
+  - throughput (requests/s) with 1, 4 and 16 concurrent clients, batching off
+    and on, trivial policy;
+  - with the real `small` TorchPolicy preset (random weights): one client vs
+    16 clients with batching on (and off), side by side in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from omni_ros.observation import ObservationSpec
+from omni_ros.policy.base import BasePolicy, PolicyMetadata
+
+CAMERAS = ("base", "left_wrist", "right_wrist")
+STATE_DIM = 8
+ACTION_DIM = 8
+
+
+class TrivialPolicy(BasePolicy):
+    """A constant (50, 8) chunk, no validation: leaves only the bridge's own cost."""
+
+    def __init__(self) -> None:
+        self.spec = ObservationSpec(camera_names=CAMERAS, state_dim=STATE_DIM)
+        self.metadata = PolicyMetadata("trivial", "none", CAMERAS, 224, STATE_DIM, ACTION_DIM, 50)
+        self._actions = np.zeros((50, ACTION_DIM), np.float32)
+
+    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        return {"actions": self._actions}
+
+
+def _server_main(kind: str, batching: bool, max_batch: int, max_wait_ms: float, threads: int, pipe, stop) -> None:
+    from omni_ros.serving.config import BatchingConfig, ServeConfig
+    from omni_ros.serving.server import ServerThread
+
+    if kind == "trivial":
+        policy = TrivialPolicy()
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+        from omni_ros.policy.torch_policy import TorchPolicy
+
+        policy = TorchPolicy.from_preset(kind, camera_names=CAMERAS, state_dim=STATE_DIM, action_dim=ACTION_DIM, seed=0)
+    config = ServeConfig(port=0, batching=BatchingConfig(batching, max_batch=max_batch, max_wait_ms=max_wait_ms))
+    with ServerThread(policy, config) as server:
+        pipe.send(server.port)
+        stop.wait()
+
+
+class ServerProcess:
+    def __init__(self, kind: str, batching: bool, max_batch: int = 16, max_wait_ms: float = 2.0, threads: int = 2):
+        ctx = mp.get_context("spawn")
+        self._parent, child = ctx.Pipe()
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(
+            target=_server_main, args=(kind, batching, max_batch, max_wait_ms, threads, child, self._stop), daemon=True
+        )
+
+    def __enter__(self) -> str:
+        self._proc.start()
+        if not self._parent.poll(300):
+            raise RuntimeError("benchmark server did not start")
+        return f"ws://127.0.0.1:{self._parent.recv()}"
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+def _observation(rng: np.random.Generator, prompt: str = "pick up the cup") -> dict[str, Any]:
+    return {
+        "images": {c: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for c in CAMERAS},
+        "state": rng.normal(size=STATE_DIM).astype(np.float32),
+        "prompt": prompt,
+    }
+
+
+def _client(url: str):
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return WebsocketClientPolicy(url)
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def latency(url: str, requests: int, warmup: int = 20) -> dict[str, Any]:
+    from openpi_client import msgpack_numpy
+
+    client = _client(url)
+    obs = _observation(np.random.default_rng(0))
+    for _ in range(warmup):
+        client.infer(obs)
+    round_trip, server = [], []
+    for _ in range(requests):
+        start = time.perf_counter()
+        result = client.infer(obs)
+        round_trip.append((time.perf_counter() - start) * 1e3)
+        server.append(result["server_timing"]["infer_ms"])
+    return {
+        "requests": requests,
+        "request_bytes": len(msgpack_numpy.packb(obs)),
+        "round_trip_ms": {
+            "p50": _pct(round_trip, 50),
+            "p95": _pct(round_trip, 95),
+            "mean": statistics.fmean(round_trip),
+        },
+        "server_infer_ms_p50": _pct(server, 50),
+    }
+
+
+def throughput(url: str, clients: int, duration: float, warmup: float = 0.5) -> dict[str, Any]:
+    connections = [_client(url) for _ in range(clients)]
+    barrier = threading.Barrier(clients + 1)
+    counts = [0] * clients
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    batch_sizes: list[int] = []
+    window = {}
+
+    def run(i: int) -> None:
+        obs = _observation(np.random.default_rng(i), prompt=f"client {i}")
+        barrier.wait()
+        while time.perf_counter() < window["end"]:
+            start = time.perf_counter()
+            result = connections[i].infer(obs)
+            done = time.perf_counter()
+            if done > window["start"] and done <= window["end"]:
+                counts[i] += 1
+                latencies[i].append((done - start) * 1e3)
+                batch_sizes.append(int(result["server_timing"].get("batch_size", 1)))
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    window["start"] = time.perf_counter() + warmup
+    window["end"] = window["start"] + duration
+    barrier.wait()
+    for t in threads:
+        t.join()
+    flat = [x for per in latencies for x in per]
+    return {
+        "clients": clients,
+        "requests": sum(counts),
+        "requests_per_s": sum(counts) / duration,
+        "latency_ms_p50": _pct(flat, 50) if flat else None,
+        "mean_batch_size": statistics.fmean(batch_sizes) if batch_sizes else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--requests", type=int, default=300, help="latency samples")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per throughput point (trivial policy)")
+    parser.add_argument("--torch-duration", type=float, default=20.0, help="seconds per throughput point (torch)")
+    parser.add_argument("--torch-preset", default="small")
+    parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--skip-torch", action="store_true")
+    args = parser.parse_args(argv)
+
+    report: dict[str, Any] = {
+        "benchmark": "openpi_bridge",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "observation": {"cameras": len(CAMERAS), "image": [224, 224, 3], "state_dim": STATE_DIM},
+    }
+    with ServerProcess("trivial", batching=False) as url:
+        report["overhead"] = latency(url, args.requests)
+    report["throughput_trivial"] = []
+    for batching in (False, True):
+        with ServerProcess("trivial", batching=batching, max_batch=16, max_wait_ms=2.0) as url:
+            for clients in (1, 4, 16):
+                point = throughput(url, clients, args.duration)
+                report["throughput_trivial"].append({"batching": batching, **point})
+    if not args.skip_torch:
+        preset = args.torch_preset
+        torch_report: dict[str, Any] = {"preset": preset, "threads": args.torch_threads, "points": []}
+        for batching, clients in ((True, 1), (True, 16), (False, 16)):
+            with ServerProcess(preset, batching, max_batch=16, max_wait_ms=10.0, threads=args.torch_threads) as url:
+                throughput(url, 1, 1.0, warmup=0.0)  # first inference warms the allocator
+                point = throughput(url, clients, args.torch_duration, warmup=1.0)
+                torch_report["points"].append({"batching": batching, **point})
+        one, sixteen = torch_report["points"][0], torch_report["points"][1]
+        torch_report["speedup_16_batched_vs_1"] = sixteen["requests_per_s"] / max(one["requests_per_s"], 1e-9)
+        report["throughput_torch"] = torch_report
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Action-chunk execution: timing, latency compensation, blending and safety limits (no ROS)."""

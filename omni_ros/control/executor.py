@@ -1,0 +1,346 @@
+"""ActionChunkExecutor: turns asynchronously arriving action chunks into safe commands at the control rate.
+
+The policy node owns one and drives it from three places:
+
+    executor.observe_position(q)                      # every JointState
+    if executor.should_request(now):                  # control timer: time for the next inference?
+        rid = executor.request_started(now)           # then run inference of the latest observation elsewhere
+    executor.add_chunk(actions, stamp, dt, now, rid)  # inference thread: a chunk arrived
+    cmd = executor.tick(now)                          # control timer, e.g. 50 Hz
+    if cmd.publish: send cmd.positions
+
+Times are seconds on one clock (ROS time in the node). A chunk answering an
+observation stamped t0 has action i at t0 + i * dt; when it arrives at t1 the
+actions before t1 are skipped (latency compensation). Every command is
+clamped by the joint limits; non-finite chunks are refused and the last safe
+position is held; stale inputs, pause and e-stop stop all commands. The
+executor is thread-safe.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omni_ros.control.blending import ChunkTrajectory, CrossFade, Ensemble, Hold, Trajectory
+from omni_ros.control.config import ControlConfig
+from omni_ros.control.limits import JointLimits
+
+
+class ExecState(str, enum.Enum):
+    """Matches the state names of omni_ros/PolicyStatus."""
+
+    IDLE = "idle"  # no chunk to execute yet (start-up, or after a stop)
+    RUNNING = "running"
+    STALE_INPUT = "stale-input"
+    PAUSED = "paused"
+    ESTOPPED = "e-stopped"
+
+
+@dataclass
+class Command:
+    """What to do at one control tick."""
+
+    time: float
+    # Position target for now (None: nothing known to command yet).
+    positions: np.ndarray | None
+    # False whenever the command must not reach the robot: dry run, idle, stale, paused, e-stopped.
+    publish: bool
+    state: ExecState
+    reason: str = ""
+    # A position or velocity limit changed the command.
+    clamped: bool = False
+    chunk_id: int | None = None
+
+
+@dataclass
+class ChunkReport:
+    """The executor's verdict on an arriving chunk."""
+
+    accepted: bool
+    chunk_id: int
+    # Actions whose time had passed on arrival (latency compensation).
+    skipped: int = 0
+    reason: str = ""
+
+
+@dataclass
+class ExecutorStats:
+    chunks_accepted: int = 0
+    chunks_rejected: int = 0
+    skipped_actions: int = 0
+    commands_computed: int = 0
+    commands_published: int = 0
+    commands_clamped: int = 0
+    # Largest per-joint change between consecutive computed commands.
+    max_step: float = 0.0
+    last_reject_reason: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class ActionChunkExecutor:
+    """Executes (H, dim) position chunks: timing, prefetch, blending, limits and safety states."""
+
+    def __init__(
+        self,
+        dim: int,
+        config: ControlConfig | None = None,
+        control_rate_hz: float = 50.0,
+        dry_run: bool = False,
+    ) -> None:
+        if dim < 1:
+            raise ValueError(f"action dimension must be positive, got {dim}")
+        self.config = config = config or ControlConfig()
+        if not 0.0 <= config.prefetch_threshold <= 1.0:
+            raise ValueError(f"prefetch_threshold is a fraction of the chunk, 0..1; got {config.prefetch_threshold}")
+        if config.blend_window_s < 0:
+            raise ValueError(f"blend_window_s must be >= 0, got {config.blend_window_s}")
+        self.dim = int(dim)
+        self.control_rate_hz = float(control_rate_hz)
+        self.dry_run = bool(dry_run)
+        self.limits = JointLimits.build(
+            dim, config.position_lower, config.position_upper, config.max_velocity, control_rate_hz
+        )
+        self.stats = ExecutorStats()
+        self._lock = threading.RLock()
+        self._traj: Trajectory | None = None
+        self._ensemble: Ensemble | None = None
+        self._newest: ChunkTrajectory | None = None
+        self._last_command: np.ndarray | None = None
+        self._measured: np.ndarray | None = None
+        self._next_id = 0
+        self._inflight_since: float | None = None
+        # Id of the one inference whose chunk is wanted; a stop or reset invalidates it.
+        self._request_seq = 0
+        self._live_request: int | None = None
+        self._stale_reason = ""
+        self._stale = False
+        self._paused = False
+        self._estop = False
+
+    # ----- inputs -------------------------------------------------------------------------------------------
+
+    def observe_position(self, position: Sequence[float]) -> None:
+        """The measured joint positions (the hold position before any command, and after a stop)."""
+        q = np.asarray(position, dtype=np.float64)
+        if q.shape != (self.dim,) or not np.all(np.isfinite(q)):
+            return  # the node reports bad joint states as stale input; never hold at garbage
+        with self._lock:
+            self._measured = q.copy()
+
+    def add_chunk(
+        self, actions: np.ndarray, stamp: float, dt: float, now: float, request_id: int | None = None
+    ) -> ChunkReport:
+        """A chunk answering the observation stamped `stamp` arrived at `now`; actions are (H, dim).
+
+        `request_id` (from `request_started`) lets the executor drop the answer to an inference that
+        was started before a stop or `reset_plan()`; without it every chunk is considered current.
+        """
+        with self._lock:
+            chunk_id = self._next_id
+            self._next_id += 1
+            if request_id is not None and request_id != self._live_request:
+                self.stats.chunks_rejected += 1
+                reason = f"answers request {request_id}, issued before a stop or reset; dropped"
+                self.stats.last_reject_reason = reason
+                return ChunkReport(False, chunk_id, 0, reason)
+            self._inflight_since = None
+            self._live_request = None
+            try:
+                arr = np.asarray(actions, dtype=np.float64)
+            except (TypeError, ValueError) as exc:
+                return self._reject(chunk_id, f"actions are not numeric: {exc}", hold=True)
+            if arr.ndim != 2 or arr.shape[1] != self.dim or arr.shape[0] < 1:
+                return self._reject(chunk_id, f"actions have shape {arr.shape}, expected (H, {self.dim})", hold=True)
+            if not np.all(np.isfinite(arr)):
+                bad = np.argwhere(~np.isfinite(arr))[0].tolist()
+                return self._reject(chunk_id, f"non-finite action (NaN/inf) at [step, joint] {bad}", hold=True)
+            if not (math.isfinite(dt) and dt > 0):
+                return self._reject(chunk_id, f"chunk dt must be positive, got {dt}", hold=True)
+            if self._stopped():
+                return self._reject(chunk_id, f"not running ({self.state.value}); chunk dropped", hold=False)
+            start = stamp if self.config.latency_compensation else now
+            chunk = ChunkTrajectory(arr, start, dt, chunk_id)
+            # Actions scheduled before now are skipped; the one due now is the current target.
+            skipped = min(chunk.horizon, max(0, math.ceil((now - start) / dt - 1e-9)))
+            if now >= chunk.end + dt:
+                late = now - stamp
+                return self._reject(chunk_id, f"chunk arrived {late:.3f} s after its observation, past its end", False)
+            self._traj = self._blend_in(chunk, now)
+            self._newest = chunk
+            self.stats.chunks_accepted += 1
+            self.stats.skipped_actions += skipped
+            return ChunkReport(True, chunk_id, skipped)
+
+    def _blend_in(self, chunk: ChunkTrajectory, now: float) -> Trajectory:
+        mode = self.config.blending
+        window = self.config.blend_window_s
+        previous = self._traj
+        if previous is None:
+            base = self._base_position()
+            previous = Hold(base) if base is not None else None
+        if mode == "ensemble":
+            if isinstance(self._ensemble, Ensemble) and self._traj is not None:
+                self._ensemble = self._ensemble.with_chunk(chunk, now)
+            else:
+                self._ensemble = Ensemble([(chunk, now)], self.config.ensemble_decay, window)
+            new: Trajectory = self._ensemble
+        else:
+            new = chunk
+        if mode == "latest" or previous is None or window <= 0:
+            return new
+        return CrossFade(previous, new, now, window)
+
+    def _reject(self, chunk_id: int, reason: str, hold: bool) -> ChunkReport:
+        self.stats.chunks_rejected += 1
+        self.stats.last_reject_reason = reason
+        if hold:
+            # A policy that emits garbage is not trusted for the rest of its plan either.
+            self._drop_plan()
+        return ChunkReport(False, chunk_id, 0, reason)
+
+    # ----- inference scheduling -------------------------------------------------------------------------------
+
+    def should_request(self, now: float) -> bool:
+        """True when the next inference should start: no chunk yet, or too few actions left, none in flight."""
+        with self._lock:
+            if self._stopped() or self._inflight_since is not None:
+                return False
+            if self._newest is None or self._traj is None:
+                return True
+            left = self._newest.remaining(now)
+            return left < self.config.prefetch_threshold * self._newest.horizon or left == 0
+
+    def request_started(self, now: float) -> int:
+        """An inference started at `now`; returns its id for `add_chunk` / `request_failed`."""
+        with self._lock:
+            self._inflight_since = now
+            self._request_seq += 1
+            self._live_request = self._request_seq
+            return self._request_seq
+
+    def request_failed(self, reason: str = "", request_id: int | None = None) -> None:
+        """Inference failed: allow the next request (the current plan keeps running to its end)."""
+        with self._lock:
+            if request_id is not None and request_id != self._live_request:
+                return  # an abandoned request; the live one is still running
+            self._inflight_since = None
+            self._live_request = None
+            self.stats.last_reject_reason = reason
+
+    def reset_plan(self) -> None:
+        """Forget the plan and any inference in flight (say, the task or episode changed).
+
+        The robot then holds still until the next chunk, which starts from the measured position.
+        """
+        with self._lock:
+            self._drop_plan()
+            self._abandon_request()
+            if self._measured is not None:
+                self._last_command = self._measured.copy()
+
+    @property
+    def inflight_since(self) -> float | None:
+        return self._inflight_since
+
+    # ----- safety states --------------------------------------------------------------------------------------
+
+    def set_stale(self, stale: bool, reason: str = "") -> None:
+        """Inputs (camera, state, prompt) are too old or invalid: hold still until they recover."""
+        with self._lock:
+            self._set_flag("_stale", stale)
+            self._stale_reason = reason if stale else ""
+
+    def pause(self) -> None:
+        with self._lock:
+            self._set_flag("_paused", True)
+
+    def resume(self) -> None:
+        """Leave pause (also needed after an e-stop is released)."""
+        with self._lock:
+            self._set_flag("_paused", False)
+
+    def set_estop(self, engaged: bool) -> None:
+        """E-stop is latched: releasing it leaves the executor paused until `resume()`."""
+        with self._lock:
+            if engaged:
+                self._set_flag("_estop", True)
+            elif self._estop:
+                self._paused = True
+                self._set_flag("_estop", False)
+
+    def _set_flag(self, name: str, value: bool) -> None:
+        was_stopped = self._stopped()
+        setattr(self, name, value)
+        if self._stopped() and not was_stopped:
+            self._drop_plan()
+            self._abandon_request()
+        elif was_stopped and not self._stopped():
+            # Restart from where the robot is now, which may differ from the last command after a stop.
+            if self._measured is not None:
+                self._last_command = self._measured.copy()
+            self._abandon_request()
+
+    def _abandon_request(self) -> None:
+        self._inflight_since = None
+        self._live_request = None
+
+    def _stopped(self) -> bool:
+        return self._estop or self._paused or self._stale
+
+    def _drop_plan(self) -> None:
+        self._traj = None
+        self._ensemble = None
+        self._newest = None
+
+    def _base_position(self) -> np.ndarray | None:
+        return self._last_command if self._last_command is not None else self._measured
+
+    @property
+    def state(self) -> ExecState:
+        if self._estop:
+            return ExecState.ESTOPPED
+        if self._paused:
+            return ExecState.PAUSED
+        if self._stale:
+            return ExecState.STALE_INPUT
+        return ExecState.RUNNING if self._traj is not None else ExecState.IDLE
+
+    # ----- the control tick -----------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> Command:
+        """The command for control time `now`."""
+        with self._lock:
+            state = self.state
+            hold = self._base_position()
+            if state in (ExecState.ESTOPPED, ExecState.PAUSED, ExecState.STALE_INPUT):
+                reason = self._stale_reason if state is ExecState.STALE_INPUT else state.value
+                return Command(now, None if hold is None else hold.copy(), False, state, reason or state.value)
+            if self._traj is None:
+                return Command(now, None if hold is None else hold.copy(), False, state, "waiting for a chunk")
+            if hold is None and self.limits.max_step is not None:
+                # Without a known position the speed limit cannot be applied: send nothing.
+                return Command(now, None, False, state, "no joint position known yet (observe_position)")
+            self._traj = self._traj.simplify(now)
+            target = self._traj.at(now)
+            if not np.all(np.isfinite(target)):  # cannot happen with finite chunks; never send it anyway
+                self._drop_plan()
+                return Command(now, None if hold is None else hold.copy(), False, ExecState.IDLE, "non-finite command")
+            command, clamped = self.limits.clamp(target, hold)
+            if hold is not None:
+                self.stats.max_step = max(self.stats.max_step, float(np.max(np.abs(command - hold))))
+            self._last_command = command
+            self.stats.commands_computed += 1
+            self.stats.commands_clamped += int(clamped)
+            publish = not self.dry_run
+            self.stats.commands_published += int(publish)
+            reason = "dry run" if self.dry_run else ""
+            if self._newest is not None and now > self._newest.end:
+                reason = (reason + "; " if reason else "") + "chunk exhausted, holding its last action"
+            chunk_id = self._newest.chunk_id if self._newest is not None else None
+            return Command(now, command.copy(), publish, state, reason, clamped, chunk_id)

@@ -1,0 +1,86 @@
+"""The OpenPI WebSocket bridge hosted as a ROS node.
+
+In `omni-ros up --bridge` it serves the very policy object the policy node
+runs (one model in memory, one behaviour); started alone it loads the policy
+from the config. The server runs on its own event-loop thread, so ROS
+callbacks and WebSocket clients never wait for each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from rclpy.node import Node
+
+from omni_ros.config import OmniConfig
+from omni_ros.policy.base import Policy
+
+
+class BridgeNode(Node):
+    def __init__(
+        self, config: OmniConfig, policy: Policy | None = None, node_name: str = "omni_ros_bridge", **kwargs
+    ) -> None:
+        from omni_ros.serving.keymap import CANONICAL, KeyMap, load_keymap
+        from omni_ros.serving.server import ServerThread, check_compatible
+
+        canonical = config.serve.keymap == CANONICAL
+        keymap = None if canonical else load_keymap(config.serve.keymap)
+        if policy is None:
+            from omni_ros.policy.factory import load_policy
+
+            policy = load_policy(
+                config.policy,
+                camera_names=[c.name for c in config.topics.cameras],
+                state_dim=len(config.robot.joint_names),
+                action_dim=len(config.robot.joint_names),
+            )
+        if keymap is None:
+            keymap = KeyMap.canonical(policy.spec)
+        check_compatible(policy, keymap)
+        super().__init__(node_name, **kwargs)
+        self.policy = policy
+        self.server = ServerThread(policy, config.serve, keymap).start()
+        self.get_logger().info(
+            f"OpenPI bridge on {self.server.url} (key map '{keymap.name}', policy {policy.metadata.model}); "
+            f"health: http://{config.serve.host}:{self.server.port}/healthz"
+        )
+
+    def destroy_node(self) -> None:
+        self.server.stop()
+        super().destroy_node()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from omni_ros.config import load_config
+    from omni_ros.errors import OmniRosError
+    from omni_ros.ros_env import default_to_localhost
+
+    parser = argparse.ArgumentParser(prog="bridge_node", description="omni_ros OpenPI WebSocket bridge node")
+    parser.add_argument("--config", help="omni_ros YAML config (its policy: and serve: sections are used)")
+    args, ros_args = parser.parse_known_args(argv)
+    default_to_localhost()
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+
+    try:
+        config = load_config(args.config)
+        rclpy.init(args=["bridge_node", *ros_args])
+        node = BridgeNode(config)
+    except (OmniRosError, OSError) as exc:
+        print(f"bridge_node: {exc}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 2
+    try:
+        rclpy.spin(node)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

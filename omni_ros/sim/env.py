@@ -1,0 +1,123 @@
+"""The simulated robot as one object: arm + scene + task + cameras, stepped in simulated time.
+
+    env = SimEnv(SimConfig())
+    obs = env.reset(seed=3)            # {"images": {...}, "state": q, "prompt": "..."}
+    env.command(q_target); env.step(0.02)
+    env.success(), env.time
+
+The observation is the raw dict `Policy.infer` takes, so a policy can drive
+the simulator directly (evaluation) or through ROS (sim_robot_node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from omni_ros.sim.arm import PlanarArm, broadcast_per_joint, default_home
+from omni_ros.sim.config import SimConfig
+from omni_ros.sim.render import Renderer
+from omni_ros.sim.scene import Scene, sample_scene
+from omni_ros.sim.task import Task, sample_task
+
+# Physics sub-step: joint dynamics stay accurate whatever step the caller uses.
+MAX_PHYSICS_DT = 0.005
+
+
+@dataclass(frozen=True)
+class EpisodeInfo:
+    seed: int
+    target: str
+    prompt: str
+    colors: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "target": self.target, "prompt": self.prompt, "colors": list(self.colors)}
+
+
+class SimEnv:
+    """A planar arm reaching for colored blocks; deterministic for a given seed and command sequence."""
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config = config or SimConfig()
+        n = config.n_joints
+        if len(config.link_lengths) != n:
+            raise ValueError(f"sim.link_lengths has {len(config.link_lengths)} values for {n} joints")
+        self.arm = PlanarArm(
+            config.link_lengths,
+            broadcast_per_joint(config.joint_lower, n, "sim.joint_lower"),
+            broadcast_per_joint(config.joint_upper, n, "sim.joint_upper"),
+            time_constant=config.time_constant,
+            max_velocity=config.max_joint_velocity,
+        )
+        self.home = broadcast_per_joint(config.home, n, "sim.home") if config.home else default_home(n)
+        names = list(config.joint_names) or [f"joint_{i}" for i in range(1, n + 1)]
+        if len(names) != n:
+            raise ValueError(f"sim.joint_names has {len(names)} names for {n} joints")
+        self.joint_names = names
+        self.renderer = Renderer(config.cameras, config.image_width, config.image_height)
+        self.time = 0.0
+        self.scene: Scene | None = None
+        self.task: Task | None = None
+        self.episode: EpisodeInfo | None = None
+        self.succeeded_at: float | None = None
+
+    def reset(self, seed: int | None = None, target: str | None = None, prompt: str | None = None) -> dict[str, Any]:
+        """Start an episode: new layout and start pose from `seed`, then the target (pinned or random).
+
+        The layout and start pose depend only on the seed, so the same seed with
+        another `target` or `prompt` gives the same table with a different goal.
+        """
+        seed = self.config.seed if seed is None else int(seed)
+        rng = np.random.default_rng(seed)
+        cfg = self.config
+        self.scene = sample_scene(rng, cfg.block_colors, cfg.n_blocks, cfg.block_size, reach=self.arm.reach)
+        start = self.home + rng.uniform(-cfg.home_noise, cfg.home_noise, size=self.arm.n_joints)
+        self.arm.reset(start)
+        self.task = sample_task(rng, self.scene, cfg.success_radius, target=target, prompt=prompt)
+        self.episode = EpisodeInfo(seed, self.task.target, self.task.prompt, tuple(self.scene.colors))
+        self.time = 0.0
+        self.succeeded_at = None
+        return self.observe()
+
+    def command(self, positions: Sequence[float]) -> None:
+        """Joint position targets the arm follows from now on."""
+        self.arm.command(positions)
+
+    def step(self, dt: float) -> None:
+        """Advance simulated time by `dt` seconds."""
+        if self.scene is None:
+            raise RuntimeError("call reset() before step()")
+        remaining = float(dt)
+        while remaining > 1e-12:
+            h = min(MAX_PHYSICS_DT, remaining)
+            self.arm.step(h)
+            remaining -= h
+        self.time += float(dt)
+        if self.succeeded_at is None and self.success():
+            self.succeeded_at = self.time
+
+    def success(self) -> bool:
+        return self.task is not None and self.task.success(self.scene, self.arm.end_effector())
+
+    def distance_to_target(self) -> float:
+        return self.task.distance(self.scene, self.arm.end_effector())
+
+    @property
+    def done(self) -> bool:
+        return self.time >= self.config.episode_time_s
+
+    @property
+    def state(self) -> np.ndarray:
+        return self.arm.q.astype(np.float32)
+
+    def render(self) -> dict[str, np.ndarray]:
+        if self.scene is None:
+            raise RuntimeError("call reset() before render()")
+        return self.renderer.render_all(self.scene, self.arm)
+
+    def observe(self) -> dict[str, Any]:
+        return {"images": self.render(), "state": self.state, "prompt": self.task.prompt}

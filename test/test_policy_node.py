@@ -1,0 +1,107 @@
+"""The policy node over real DDS: chunks and commands flow; every unsafe input stops commands."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.policy_harness import JOINTS, Harness
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def harness():
+    h = Harness().start()
+    yield h
+    h.close()
+
+
+def test_runs_and_publishes_chunks_and_commands(harness):
+    harness.wait_state("running")
+    assert harness.wait_for(lambda: len(harness.commands) > 20 and len(harness.chunks) > 2)
+    chunk = harness.chunks[-1]
+    assert list(chunk.joint_names) == JOINTS
+    assert chunk.horizon * chunk.action_dim == len(chunk.actions) and chunk.action_dim == 3
+    assert chunk.header.stamp.sec > 0 and chunk.inference_time > 0
+    cmd = harness.commands[-1]
+    assert list(cmd.joint_names) == JOINTS and len(cmd.points[0].positions) == 3
+    assert np.all(np.isfinite(cmd.points[0].positions))
+
+
+@pytest.mark.parametrize(
+    "breakage,detail",
+    [
+        ({"cameras": False}, "is stale"),
+        ({"bad_encoding": True}, "unsupported image encoding '16UC1'"),
+        ({"joints": ["joint_1", "joint_2"]}, "lacks joints ['joint_3']"),
+        ({"nan": True}, "non-finite positions"),
+    ],
+)
+def test_unsafe_input_stops_commands(harness, breakage, detail):
+    harness.wait_state("running")
+    for key, value in breakage.items():
+        setattr(harness.inputs, key, value)
+    status = harness.wait_state("stale-input")
+    harness.wait_for(lambda: detail in harness.statuses[-1].detail, 3.0)
+    assert detail in harness.statuses[-1].detail, [s.detail for s in harness.statuses[-3:]]
+    assert status.state_name == "stale-input"
+    harness.commands_during(0.1)  # let in-flight messages land
+    assert harness.commands_during(0.6) == 0
+    # Recovery: good inputs again -> running again.
+    harness.inputs.__init__()
+    harness.wait_state("running")
+    assert harness.wait_for(lambda: harness.commands_during(0.3) > 0)
+
+
+def test_estop_latches_until_release_and_resume(harness):
+    from std_msgs.msg import Bool
+
+    harness.wait_state("running")
+    harness.estop_pub.publish(Bool(data=True))
+    harness.wait_state("e-stopped")
+    harness.commands_during(0.1)
+    assert harness.commands_during(0.5) == 0
+    assert not harness.call(harness.resume_client).success  # cannot resume through an engaged e-stop
+    harness.estop_pub.publish(Bool(data=False))
+    harness.wait_state("paused")
+    assert harness.commands_during(0.4) == 0
+    assert harness.call(harness.resume_client).success
+    harness.wait_state("running")
+
+
+def test_pause_and_resume_services(harness):
+    harness.wait_state("running")
+    assert harness.call(harness.pause_client).success
+    harness.wait_state("paused")
+    harness.commands_during(0.1)
+    assert harness.commands_during(0.5) == 0
+    assert harness.call(harness.resume_client).success
+    harness.wait_state("running")
+    assert harness.wait_for(lambda: harness.commands_during(0.3) > 0)
+
+
+def test_lifecycle_deactivate_holds_and_reactivates(harness):
+    harness.wait_state("running")
+    harness.node.trigger_deactivate()
+    status = harness.wait_state("idle")
+    assert "inactive" in status.detail
+    harness.commands_during(0.1)
+    assert harness.commands_during(0.5) == 0
+    harness.node.trigger_activate()
+    harness.wait_state("running")
+
+
+def test_dry_run_publishes_chunks_but_no_commands():
+    h = Harness(dry_run=True).start()
+    try:
+        h.wait_state("running")
+        assert h.wait_for(lambda: len(h.chunks) >= 3)
+        assert h.commands_during(0.5) == 0 and not h.commands
+        assert h.statuses[-1].dry_run
+    finally:
+        h.close()
