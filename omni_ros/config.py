@@ -21,6 +21,7 @@ import yaml
 
 from omni_ros.control.config import ControlConfig
 from omni_ros.errors import OmniRosError
+from omni_ros.eval.config import EvalConfig
 from omni_ros.serving.config import ServeConfig
 from omni_ros.sim.config import SimConfig
 from omni_ros.tts.config import TtsConfig
@@ -118,6 +119,7 @@ class OmniConfig:
     sim: SimConfig = field(default_factory=SimConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def load_config(path: str | os.PathLike | None = None, cls: type[T] = OmniConfig) -> T:

@@ -16,6 +16,9 @@ control timer never wait for the model.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import os
+import threading
 import time
 from typing import Any
 
@@ -56,6 +59,14 @@ STATUS_NAMES = {
 }
 # Consecutive inference failures after which the node reports ERROR (it keeps retrying).
 ERROR_AFTER = 3
+
+
+def _lower_priority(nice: int) -> None:
+    """Runs in the inference thread: raise its niceness (threads torch starts from it inherit it)."""
+    if nice > 0 and hasattr(os, "setpriority"):
+        # Where this is not permitted, the thread simply runs at normal priority.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
 class PolicyNode(LifecycleNode):
@@ -117,7 +128,9 @@ class PolicyNode(LifecycleNode):
         self.executor_ = ActionChunkExecutor(len(joints), control, cfg.robot.control_rate_hz, cfg.robot.dry_run)
         # Commands wait for activation.
         self.executor_.pause()
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inference")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="inference", initializer=_lower_priority, initargs=(control.inference_nice,)
+        )
 
         inputs = ReentrantCallbackGroup()
         control_group = MutuallyExclusiveCallbackGroup()

@@ -1,0 +1,52 @@
+"""`omni-ros eval BAG [BAG ...]`: replay recorded episodes through the robot's code path and score the policy."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from omni_ros.commands.common import add_config_args, config_from_args
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if args.rate is not None:
+        config.eval.rate_hz = args.rate
+    if args.every is not None:
+        config.eval.every_k_frames = args.every
+    if args.prompt is not None:
+        config.eval.prompt = args.prompt
+    if args.realtime:
+        from omni_ros.eval.realtime import evaluate_realtime
+
+        evaluation = evaluate_realtime(
+            args.bags, config, out_dir=args.out, progress=not args.quiet, discovery_timeout_s=args.wait
+        )
+    else:
+        from omni_ros.eval.evaluate import evaluate
+
+        evaluation = evaluate(args.bags, config, out_dir=args.out, progress=not args.quiet)
+    print(evaluation.summary)
+    sys.stdout.flush()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="replay rosbags through the assembler and policy; metrics.json, report.html and a summary",
+        description="Replay recorded rosbag2 episodes (mcap or sqlite3) through the policy node's observation "
+        "assembly and the configured policy, and score the predicted chunks against the recorded commands. "
+        "Topics and scoring come from the config's eval: section. With --realtime the bag is instead played "
+        "with its original timing to a running policy node over ROS, and what the node publishes is scored.",
+    )
+    p.add_argument("bags", nargs="+", metavar="BAG", help="rosbag2 directory, .mcap or .db3 file")
+    add_config_args(p)
+    p.add_argument("--out", default="eval_out", help="output directory (default: eval_out)")
+    p.add_argument("--rate", type=float, help="inference instants at this rate in Hz (overrides eval.rate_hz)")
+    p.add_argument("--every", type=int, help="an inference instant every k-th trigger frame (eval.every_k_frames)")
+    p.add_argument("--prompt", help="a fixed prompt instead of the bag's prompt topic (eval.prompt)")
+    p.add_argument("--realtime", action="store_true", help="play the bag to a running policy node over ROS")
+    p.add_argument("--wait", type=float, default=30.0, help="real time: seconds to wait for the policy node")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
