@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from omni_ros.config import OmniConfig
-from omni_ros.ros_env import default_to_localhost
+from omni_ros.ros_env import default_to_localhost, shutdown_executor
 
 
 def node_names(config: OmniConfig, sim: bool, bridge: bool, tts: bool) -> list[str]:
@@ -118,7 +118,7 @@ def _run_in_process(config: OmniConfig, names: list[str], duration: float) -> in
         except ExternalShutdownException:
             pass
         finally:
-            executor.shutdown()
+            shutdown_executor(executor)
         print(f"omni-ros up: stopped ({seen['status']} status reports)", flush=True)
         return 0 if seen["status"] else 1
     finally:

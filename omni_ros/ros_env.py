@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 
 def default_to_localhost() -> None:
@@ -12,3 +14,42 @@ def default_to_localhost() -> None:
     other machines sets ROS_AUTOMATIC_DISCOVERY_RANGE=SUBNET explicitly.
     """
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+
+
+def shutdown_executor(executor: Any, timeout: float = 5.0) -> None:
+    """Let callbacks already handed to worker threads finish, then shut the executor down.
+
+    rclpy's MultiThreadedExecutor.shutdown destroys its guard condition without
+    waiting for running callbacks, which then fail on it at exit ("The
+    following exception was never retrieved: cannot use Destroyable ...").
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(not task.done() for task in list(getattr(executor, "_futures", []))):
+        time.sleep(0.01)
+    executor.shutdown()
+
+
+def spin_until_shutdown(node: Any, executor: Any = None, duration: float = 0.0) -> None:
+    """Spin `node` until Ctrl-C, an external shutdown or `duration` seconds (0: no limit); then clean up.
+
+    The one way every `python -m omni_ros.nodes.X` entry point runs, so each
+    stops the same way. Nodes with a `shutdown_now()` method get it called
+    before they are destroyed.
+    """
+    import rclpy
+    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+
+    executor = executor or SingleThreadedExecutor()
+    executor.add_node(node)
+    deadline = time.monotonic() + duration if duration > 0 else float("inf")
+    try:
+        while rclpy.ok() and time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.1)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        shutdown_executor(executor)
+        if hasattr(node, "shutdown_now"):
+            node.shutdown_now()
+        node.destroy_node()
+        rclpy.try_shutdown()

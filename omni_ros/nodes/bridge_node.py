@@ -55,14 +55,13 @@ class BridgeNode(Node):
 def main(argv: Sequence[str] | None = None) -> int:
     from omni_ros.config import load_config
     from omni_ros.errors import OmniRosError
-    from omni_ros.ros_env import default_to_localhost
+    from omni_ros.ros_env import default_to_localhost, spin_until_shutdown
 
     parser = argparse.ArgumentParser(prog="bridge_node", description="omni_ros OpenPI WebSocket bridge node")
     parser.add_argument("--config", help="omni_ros YAML config (its policy: and serve: sections are used)")
     args, ros_args = parser.parse_known_args(argv)
     default_to_localhost()
     import rclpy
-    from rclpy.executors import ExternalShutdownException
 
     try:
         config = load_config(args.config)
@@ -72,13 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bridge_node: {exc}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    spin_until_shutdown(node)
     return 0
 
 

@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from omni_ros.config import ConfigError, load_config
-    from omni_ros.ros_env import default_to_localhost
+    from omni_ros.ros_env import default_to_localhost, spin_until_shutdown
 
     parser = argparse.ArgumentParser(prog="policy_node", description="omni_ros policy node (lifecycle)")
     parser.add_argument("--config", help="omni_ros YAML config")
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
 
     default_to_localhost()
     import rclpy
-    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+    from rclpy.executors import MultiThreadedExecutor
 
     rclpy.init(args=["policy_node", *ros_args])
     node = PolicyNode(config)
@@ -466,17 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             rclpy.try_shutdown()
             return 1
         node.trigger_activate()
-    executor = MultiThreadedExecutor(num_threads=4)
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        executor.shutdown()
-        node.shutdown_now()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    spin_until_shutdown(node, MultiThreadedExecutor(num_threads=4))
     return 0
 
 

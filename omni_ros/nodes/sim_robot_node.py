@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -194,7 +193,7 @@ class SimRobotNode(Node):
 
 def main(argv: Sequence[str] | None = None) -> int:
     from omni_ros.config import ConfigError, load_config
-    from omni_ros.ros_env import default_to_localhost
+    from omni_ros.ros_env import default_to_localhost, spin_until_shutdown
 
     parser = argparse.ArgumentParser(prog="sim_robot_node", description="omni_ros simulated robot")
     parser.add_argument("--config", help="omni_ros YAML config (its sim: and control: sections are used)")
@@ -210,22 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     default_to_localhost()
     import rclpy
-    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 
     rclpy.init(args=["sim_robot_node", *ros_args])
-    node = SimRobotNode(config, seed=args.seed)
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    deadline = time.monotonic() + args.duration if args.duration > 0 else math.inf
-    try:
-        while rclpy.ok() and time.monotonic() < deadline:
-            executor.spin_once(timeout_sec=0.1)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        executor.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    spin_until_shutdown(SimRobotNode(config, seed=args.seed), duration=args.duration)
     return 0
 
 

@@ -262,7 +262,7 @@ class TtsNode(Node):
 
 def main(argv: Sequence[str] | None = None) -> int:
     from omni_ros.config import ConfigError, load_config
-    from omni_ros.ros_env import default_to_localhost
+    from omni_ros.ros_env import default_to_localhost, spin_until_shutdown
     from omni_ros.tts.engine import TtsError
 
     parser = argparse.ArgumentParser(prog="tts_node", description="omni_ros voice feedback (TTS) node")
@@ -282,7 +282,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     default_to_localhost()
     import rclpy
-    from rclpy.executors import ExternalShutdownException
 
     rclpy.init(args=["tts_node", *ros_args])
     try:
@@ -291,13 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tts_node: cannot configure TTS: {exc}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    spin_until_shutdown(node)
     return 0
 
 

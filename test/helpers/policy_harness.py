@@ -22,6 +22,7 @@ from omni_ros.config import OmniConfig, load_config
 from omni_ros.msg import ActionChunk, PolicyStatus
 from omni_ros.nodes.policy_node import LATCHED, PolicyNode
 from omni_ros.ros_convert import rgb_to_image
+from omni_ros.ros_env import shutdown_executor
 
 JOINTS = ["joint_1", "joint_2", "joint_3"]
 
@@ -125,7 +126,7 @@ class Harness:
 
     def close(self) -> None:
         self._stop.set()
-        self.executor.shutdown()
+        shutdown_executor(self.executor)
         self.node.destroy_node()
         self.peer.destroy_node()
         self.context.try_shutdown()
