@@ -45,6 +45,9 @@ class PolicyConfig:
     # are resolved against the config file's directory.
     checkpoint: str | None = None
     backend: Literal["torch", "executorch", "remote"] = "torch"
+    # ExecuTorch program (`omni-ros export`) for backend executorch; its sidecar <pte>.json must sit beside it.
+    # Relative paths are resolved against the config file's directory.
+    pte: str | None = None
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16"] = "float32"
     # Euler steps of the flow-matching sampler; null keeps the model's own (10 for small/pi0).
@@ -138,6 +141,8 @@ def load_config(path: str | os.PathLike | None = None, cls: type[T] = OmniConfig
     if isinstance(policy, PolicyConfig) and policy.checkpoint and not Path(policy.checkpoint).is_absolute():
         # Relative checkpoint paths mean "next to this config file", wherever the command runs from.
         policy.checkpoint = str((path.parent / policy.checkpoint).resolve())
+    if isinstance(policy, PolicyConfig) and policy.pte and not Path(policy.pte).is_absolute():
+        policy.pte = str((path.parent / policy.pte).resolve())
     return config
 
 

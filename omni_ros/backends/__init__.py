@@ -1,4 +1,5 @@
-"""Policy backends that are not a model in this process (see omni_ros/policy for the torch one).
+"""Policy backends besides the eager torch one in omni_ros/policy.
 
+`executorch_backend.ExecuTorchPolicy` runs a `.pte` written by `omni-ros export`;
 `remote.RemotePolicy` forwards observations to an OpenPI WebSocket server.
 """

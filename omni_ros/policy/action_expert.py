@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.backbone import KVCache
-from omni_ros.policy.layers import DecoderLayer, RMSNorm, attention, rope_cos_sin
+from omni_ros.policy.layers import DecoderLayer, RMSNorm, additive_mask, attention, rope_cos_sin
 from omni_ros.policy.model_config import ModelConfig
 
 
@@ -33,6 +33,8 @@ def expert_layer_map(backbone_depth: int, expert_depth: int) -> list[int]:
 
 
 class ActionExpert(nn.Module):
+    export_form = False
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         e = cfg.expert
@@ -57,9 +59,16 @@ class ActionExpert(nn.Module):
         """Velocity (B, H, action_dim) at noisy actions x_t (B, H, action_dim), times t (B,)."""
         b = x_t.shape[0]
         actions = self.action_in_proj(x_t)
-        time = time_embedding(t, actions.shape[-1]).to(actions.dtype)[:, None, :].expand_as(actions)
+        time = time_embedding(t, actions.shape[-1]).to(actions.dtype)
+        if self.export_form:
+            # Broadcast by multiplying with ones: XNNPACK has no expand, and views replace `[:, None]`.
+            time = time.view(b, 1, -1) * torch.ones(1, actions.shape[1], 1, dtype=actions.dtype, device=x_t.device)
+            state_token = self.state_proj(state).view(b, 1, -1)
+        else:
+            time = time[:, None, :].expand_as(actions)
+            state_token = self.state_proj(state)[:, None, :]
         actions = self.time_mlp_out(F.silu(self.time_mlp_in(torch.cat([actions, time], dim=-1))))
-        x = torch.cat([self.state_proj(state)[:, None, :], actions], dim=1)
+        x = torch.cat([state_token, actions], dim=1)
 
         s = x.shape[1]
         positions = prefix_mask.long().sum(dim=1, keepdim=True) + torch.arange(s, device=x.device)[None, :]
@@ -67,8 +76,11 @@ class ActionExpert(nn.Module):
         mask = torch.cat([prefix_mask[:, None, :].expand(b, s, -1), self.suffix_mask[None].expand(b, -1, -1)], dim=2)[
             :, None
         ]
+        if self.export_form:
+            mask = additive_mask(mask, x.dtype)
         for layer, source in zip(self.layers, self.layer_map, strict=True):
             q, k, v = layer.qkv(x, cos, sin)
             prefix_k, prefix_v = cache[source]
-            x = layer.finish(x, attention(q, torch.cat([prefix_k, k], dim=2), torch.cat([prefix_v, v], dim=2), mask))
+            keys, values = torch.cat([prefix_k, k], dim=2), torch.cat([prefix_v, v], dim=2)
+            x = layer.finish(x, attention(q, keys, values, mask, self.export_form))
         return self.action_out_proj(self.final_norm(x[:, 1:]))

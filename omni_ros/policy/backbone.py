@@ -13,13 +13,15 @@ import math
 import torch
 from torch import nn
 
-from omni_ros.policy.layers import DecoderLayer, attention, rope_cos_sin
+from omni_ros.policy.layers import DecoderLayer, additive_mask, attention, rope_cos_sin
 from omni_ros.policy.model_config import TransformerConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (B, kv_heads, P, head_dim) each
 
 
 class Backbone(nn.Module):
+    export_form = False
+
     def __init__(self, cfg: TransformerConfig, vocab_size: int, eps: float, rope_theta: float) -> None:
         super().__init__()
         self.cfg, self.rope_theta = cfg, rope_theta
@@ -36,7 +38,11 @@ class Backbone(nn.Module):
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.rope_theta, x.dtype)
         attn_mask = (mask[:, None, :] & mask[:, :, None])[:, None]  # (B, 1, P, P)
         # A padded query row would be all-masked (NaN in softmax); let it see itself.
-        attn_mask = attn_mask | torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
+        # (An identity from arange rather than torch.eye, whose export uses a uint16 arange beyond 255 tokens.)
+        index = torch.arange(mask.shape[1], device=mask.device)
+        attn_mask = attn_mask | (index[:, None] == index[None, :])
+        if self.export_form:
+            attn_mask = additive_mask(attn_mask, x.dtype)
         cache: KVCache = []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
@@ -45,5 +51,5 @@ class Backbone(nn.Module):
             # Only the keys/values are consumed downstream: the last layer's
             # attention output and MLP would be dead work.
             if i < last:
-                x = layer.finish(x, attention(q, k, v, attn_mask))
+                x = layer.finish(x, attention(q, k, v, attn_mask, self.export_form))
         return cache

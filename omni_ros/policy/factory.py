@@ -40,7 +40,31 @@ def load_policy(
         return TorchPolicy.from_preset(
             config.preset, camera_names=camera_names, state_dim=state_dim, action_dim=action_dim, **common
         )
+    if config.backend == "executorch":
+        return _load_executorch(config, camera_names, state_dim, action_dim, base_dir)
     raise ConfigError(f"policy.backend '{config.backend}' is not available in this build; use policy.backend: torch")
+
+
+def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim, base_dir) -> Policy:
+    if not config.pte:
+        raise ConfigError("policy.backend 'executorch' needs policy.pte (a .pte written by `omni-ros export`)")
+    if config.dtype != "float32":
+        raise ConfigError("policy.dtype is fixed by the exported program for backend 'executorch'; use float32")
+    path = Path(config.pte)
+    if base_dir is not None and not path.is_absolute() and not path.exists():
+        path = Path(base_dir) / path
+    from omni_ros.backends.executorch_backend import ExecuTorchPolicy
+
+    return ExecuTorchPolicy(
+        path,
+        seed=config.seed,
+        num_steps=config.num_steps,
+        num_threads=config.num_threads,
+        device=config.device,
+        camera_names=camera_names,
+        state_dim=state_dim,
+        action_dim=action_dim,
+    )
 
 
 def _check_agrees(policy: Policy, camera_names, state_dim, action_dim, source: str) -> None:

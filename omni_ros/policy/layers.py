@@ -4,6 +4,12 @@ Gemma-style: RMSNorm with (1 + weight) scaling, rotary position embeddings,
 grouped-query attention, and a gated GELU MLP. Attention takes an explicit
 boolean mask so one function serves the bidirectional prefix, the suffix
 reading the cached prefix, and padding.
+
+Modules with an `export_form` attribute also have a second, numerically
+equivalent form written only with operators ExecuTorch's XNNPACK backend
+delegates (3-D `bmm` attention with an additive mask, norms as a 4-D mean).
+It is slower in eager PyTorch, so it is off unless
+`omni_ros.export.forms.use_export_forms` turns it on for an export.
 """
 
 from __future__ import annotations
@@ -15,7 +21,23 @@ from torch import nn
 from omni_ros.policy.model_config import TransformerConfig
 
 
+def mean_last(x: torch.Tensor) -> torch.Tensor:
+    """Mean over the last dim (keepdim) computed as a 4-D reduction: XNNPACK only delegates that form of mean."""
+    lead = x.shape[:-1]
+    return x.reshape(-1, 1, x.shape[-1], 1).mean(dim=(2, 3), keepdim=True).reshape(*lead, 1)
+
+
+def layer_norm(norm: nn.LayerNorm, x: torch.Tensor, export_form: bool) -> torch.Tensor:
+    """`norm(x)`, or the same LayerNorm spelled out with ops XNNPACK delegates."""
+    if not export_form:
+        return norm(x)
+    centered = x - mean_last(x)
+    return centered * torch.rsqrt(mean_last(centered * centered) + norm.eps) * norm.weight + norm.bias
+
+
 class RMSNorm(nn.Module):
+    export_form = False
+
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
@@ -24,7 +46,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.export_form:
+            x32 = x32 * torch.rsqrt(mean_last(x32 * x32) + self.eps)
+        else:
+            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
@@ -41,14 +66,41 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q (B, H, Tq, D), k/v (B, KV, Tk, D), mask (B, 1, Tq, Tk) bool -> (B, Tq, H*D)."""
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as a float bias: 0 where attended, a huge negative number elsewhere."""
+    return torch.where(mask, torch.zeros((), dtype=dtype), torch.full((), -1e30, dtype=dtype))
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, export_form: bool = False
+) -> torch.Tensor:
+    """q (B, H, Tq, D), k/v (B, KV, Tk, D), mask (B, 1, Tq, Tk) -> (B, Tq, H*D).
+
+    The mask is boolean (True = attend) or, in the export form, an additive float bias (`additive_mask`).
+    """
+    if export_form:
+        return bmm_attention(q, k, v, mask)
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out.transpose(1, 2).flatten(2)
+
+
+def bmm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Softmax attention as two 3-D `bmm`s, with an additive float mask `bias` (B, 1, Tq, Tk) or None."""
+    b, h, tq, d = q.shape
+    kv, tk = k.shape[1], k.shape[2]
+    groups = h // kv
+    # The query heads sharing one KV head are folded into the query length, so K/V are used as they are
+    # (no repeat, no 4-D matmul, both of which become copies XNNPACK does not delegate).
+    q3 = (q * d**-0.5).reshape(b * kv, groups * tq, d)
+    scores = torch.bmm(q3, k.reshape(b * kv, tk, d).transpose(1, 2))
+    if bias is not None:
+        scores = (scores.view(b, h, tq, tk) + bias).view(b * kv, groups * tq, tk)
+    out = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(b * kv, tk, d))
+    return out.view(b, h, tq, d).transpose(1, 2).reshape(b, tq, h * d)
 
 
 class GatedMLP(nn.Module):

@@ -6,10 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_ros.policy.layers import attention, layer_norm
 from omni_ros.policy.model_config import VisionConfig
 
 
 class VitBlock(nn.Module):
+    export_form = False
+
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
@@ -22,6 +25,14 @@ class VitBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, w = x.shape
+        if self.export_form:
+            # Slices instead of unbind (whose copies XNNPACK rejects), and the delegable attention/norm forms.
+            qkv = self.qkv(layer_norm(self.norm1, x, True))
+            q, k, v = (
+                qkv[..., i * w : (i + 1) * w].reshape(b, n, self.num_heads, -1).transpose(1, 2) for i in range(3)
+            )
+            x = x + self.proj(attention(q, k, v, None, export_form=True))
+            return x + self.fc2(F.gelu(self.fc1(layer_norm(self.norm2, x, True))))
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.num_heads, w // self.num_heads).permute(2, 0, 3, 1, 4)
         x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, w))
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
@@ -29,6 +40,8 @@ class VitBlock(nn.Module):
 
 class VisionEncoder(nn.Module):
     """Patch embedding + learned positions + pre-norm blocks + projection to `out_width`."""
+
+    export_form = False
 
     def __init__(self, cfg: VisionConfig, out_width: int) -> None:
         super().__init__()
@@ -43,4 +56,4 @@ class VisionEncoder(nn.Module):
         x = self.patch_embed(images).flatten(2).transpose(1, 2) + self.pos_embed
         for block in self.blocks:
             x = block(x)
-        return self.proj(self.norm(x))
+        return self.proj(layer_norm(self.norm, x, self.export_form))

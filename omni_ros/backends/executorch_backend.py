@@ -1,0 +1,227 @@
+"""The ExecuTorch backend of `Policy`: runs a `.pte` written by `omni-ros export`.
+
+    policy = ExecuTorchPolicy("policy.pte")        # policy.pte.json must sit beside it
+    out = policy.infer({"images": {...}, "state": ..., "prompt": "..."})
+
+Preprocessing, normalization, tokenization and the seeded noise are the torch
+backend's (`make_observation`, `model_inputs`, the sidecar's norm stats), so a
+`.pte` and its eager model see identical inputs. With the staged methods the
+policy runs `encode_images`, then `prefill` once, and keeps the prefix KV
+cache it returns for every `denoise_step` of the Euler loop; a program with
+only the fused `sample` method runs the whole loop in one call.
+
+Programs are loaded (and XNNPACK packs its weights) in the constructor, so a
+node pays that once at start-up, never per request.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_ros.config import ConfigError
+from omni_ros.export.methods import STAGED, prefix_mask_of
+from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
+from omni_ros.observation import ObservationSpec, make_observation
+from omni_ros.policy.base import BasePolicy, PolicyMetadata
+from omni_ros.policy.inputs import model_inputs
+from omni_ros.policy.sampler import euler_sample
+from omni_ros.policy.tokenizer import make_tokenizer
+
+MODES = ("auto", "staged", "fused")
+
+
+def installed_executorch_version() -> str:
+    from importlib.metadata import version
+
+    return version("executorch")
+
+
+def _check_runnable(sidecar: Sidecar, source: str, backends: list[str]) -> None:
+    """Refuse programs whose backend this machine cannot run, before handing them to the runtime."""
+    if sidecar.target == "xnnpack":
+        if "XnnpackBackend" not in backends:
+            raise PteError(f"{source}: this ExecuTorch runtime has no XNNPACK backend (registered: {backends})")
+    elif sidecar.target == "qnn":
+        soc = sidecar.target_options.get("soc", "?")
+        if "QnnBackend" not in backends:
+            raise PteError(f"{source}: exported for QNN ({soc}) but this ExecuTorch runtime has no QNN backend")
+        sdk = os.environ.get("QNN_SDK_ROOT", "")
+        if platform.machine() != "aarch64" and not (sdk and Path(sdk).is_dir()):
+            raise PteError(
+                f"{source}: exported for the Qualcomm HTP ({soc}); run it on that device (Android/Linux aarch64 "
+                "with the QNN runtime libraries), or set QNN_SDK_ROOT to use the SDK's x86 simulator"
+            )
+    elif sidecar.target == "cuda":
+        from omni_ros.export.cuda import CudaUnavailableError
+
+        if not torch.cuda.is_available():
+            raise CudaUnavailableError(f"{source}: exported for CUDA but no CUDA GPU is visible to this process")
+        if "CudaBackend" not in backends:
+            raise CudaUnavailableError(
+                f"{source}: exported for CUDA but this ExecuTorch runtime was built without the CUDA backend"
+            )
+    else:
+        raise PteError(f"{source}: unknown target '{sidecar.target}' in its sidecar")
+
+
+class ExecuTorchPolicy(BasePolicy):
+    """Observation dict -> action chunk, computed by an ExecuTorch program."""
+
+    def __init__(
+        self,
+        pte: str | Path,
+        *,
+        seed: int | None = 0,
+        num_steps: int | None = None,
+        mode: str = "auto",
+        num_threads: int = 0,
+        device: str | None = None,
+        name: str | None = None,
+        camera_names: Sequence[str] | None = None,
+        state_dim: int | None = None,
+        action_dim: int | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode '{mode}'; choose one of {', '.join(MODES)}")
+        pte = Path(pte)
+        sidecar = read_sidecar(pte)
+        check_compatible(sidecar, str(pte), camera_names, state_dim, action_dim, installed_executorch_version())
+        target_device = "cuda" if sidecar.target == "cuda" else "cpu"
+        if device is not None and device.split(":")[0] != target_device:
+            raise ConfigError(f"{pte} runs on {target_device} (target {sidecar.target}), not policy.device '{device}'")
+        cfg = sidecar.model
+        staged = all(m in sidecar.methods for m in STAGED)
+        if mode == "auto":
+            mode = "staged" if staged else "fused"
+        if mode == "staged" and not staged:
+            raise PteError(f"{pte}: staged mode needs methods {list(STAGED)}, the program has {list(sidecar.methods)}")
+        if mode == "fused":
+            if "sample" not in sidecar.methods:
+                raise PteError(f"{pte}: fused mode needs the 'sample' method, the program has {list(sidecar.methods)}")
+            if num_steps is not None and num_steps != sidecar.num_steps:
+                raise PteError(
+                    f"{pte}: its fused 'sample' runs {sidecar.num_steps} Euler steps, configured num_steps is "
+                    f"{num_steps}; export with --num-steps {num_steps} or use the staged methods"
+                )
+        self.sidecar, self.cfg, self.mode, self.pte = sidecar, cfg, mode, pte
+        self.norm_stats = sidecar.norm_stats
+        self.seed = seed
+        self.num_steps = num_steps or (sidecar.num_steps if mode == "fused" else cfg.num_steps)
+        tokenizer_cfg = cfg.tokenizer
+        if sidecar.tokenizer_file:
+            tokenizer_cfg = type(tokenizer_cfg)(tokenizer_cfg.kind, sidecar.tokenizer_file, tokenizer_cfg.max_tokens)
+        self.tokenizer = make_tokenizer(tokenizer_cfg, base_dir=pte.parent)
+
+        from executorch.runtime import Runtime
+
+        runtime = Runtime.get()
+        _check_runnable(sidecar, str(pte), list(runtime.backend_registry.registered_backend_names))
+        if num_threads > 0:
+            from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+            _unsafe_reset_threadpool(num_threads)
+        needed = STAGED if mode == "staged" else ("sample",)
+        try:
+            program = runtime.load_program(pte)
+            self._methods = {m: program.load_method(m) for m in needed}
+        except Exception as exc:  # the runtime raises plain RuntimeError/ValueError on a bad program
+            raise PteError(f"{pte}: ExecuTorch cannot load it: {exc}") from exc
+        self._program = program
+        self._lock = threading.Lock()
+        self.spec = ObservationSpec(
+            camera_names=tuple(cfg.camera_names),
+            state_dim=cfg.state_dim,
+            image_size=cfg.vision.image_size,
+            required_cameras=(cfg.camera_names[0],),
+        )
+        backend = f"executorch-{sidecar.target}" + ("" if sidecar.quantize == "none" else f"-{sidecar.quantize}")
+        self.metadata = PolicyMetadata(
+            model=name or sidecar.name,
+            backend=backend,
+            camera_names=tuple(cfg.camera_names),
+            image_size=cfg.vision.image_size,
+            state_dim=cfg.state_dim,
+            action_dim=cfg.action_dim,
+            action_horizon=cfg.action_horizon,
+            action_dt=cfg.action_dt,
+        )
+
+    def _run(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        # The runtime takes dense tensors only (the pixel tensor is a permuted view).
+        return list(self._methods[method].execute([x.contiguous() for x in inputs]))
+
+    def _noise(self) -> torch.Tensor:
+        """The torch backend's noise for the same seed, so both backends sample the same chunk."""
+        shape = (self.cfg.action_horizon, self.cfg.action_dim)
+        if self.seed is None:
+            return torch.randn((1, *shape))
+        return torch.randn(shape, generator=torch.Generator().manual_seed(self.seed))[None]
+
+    def sample(self, inputs: dict[str, torch.Tensor], noise: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+        """Normalized actions (1, H, D) for model inputs of batch 1, and the stage boundary timestamps."""
+        stamps: list[float] = []
+        masks, token_mask = inputs["image_masks"], inputs["token_mask"]
+        if self.mode == "fused":
+            # One call runs encoder, prefill and the loop: the time is reported as denoise_ms.
+            begin = time.perf_counter()
+            args = [inputs["images"], masks, inputs["tokens"], token_mask, inputs["state"], noise]
+            actions = self._run("sample", args)[0]
+            return actions.clone(), [begin, begin, time.perf_counter()]
+        image_tokens = self._run("encode_images", [inputs["images"]])[0]
+        stamps.append(time.perf_counter())
+        # The prefix KV cache: computed once, read by every denoising step below.
+        cache = self._run("prefill", [image_tokens, masks, inputs["tokens"], token_mask])
+        stamps.append(time.perf_counter())
+        prefix_mask = prefix_mask_of(masks, token_mask, self.cfg.vision.num_tokens)
+        state = inputs["state"]
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return self._run("denoise_step", [prefix_mask, state, x, t, *cache])[0]
+
+        actions = euler_sample(velocity, noise, self.num_steps)
+        stamps.append(time.perf_counter())
+        return actions, stamps
+
+    # -- Policy --------------------------------------------------------------------------------------------------
+
+    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        start = time.perf_counter()
+        parsed = make_observation(self.spec, obs)
+        inputs = model_inputs(self.cfg, self.tokenizer, self.norm_stats, [parsed])
+        noise = self._noise()
+        begin = time.perf_counter()
+        with self._lock:  # an ExecuTorch method is not reentrant; callers may share one policy across threads
+            actions, stamps = self.sample(inputs, noise)
+        end = stamps[-1]
+        timing = {
+            "preprocess_ms": (begin - start) * 1e3,
+            "embed_prefix_ms": (stamps[0] - begin) * 1e3,
+            "prefill_ms": (stamps[1] - stamps[0]) * 1e3,
+            "denoise_ms": (stamps[2] - stamps[1]) * 1e3,
+            "infer_ms": (end - start) * 1e3,
+            "batch_size": 1,
+        }
+        chunk = self.norm_stats.unnormalize_actions(actions[0].numpy())
+        if not np.all(np.isfinite(chunk)):
+            # Never hand a non-finite command to a robot.
+            raise FloatingPointError("policy produced non-finite actions")
+        return {"actions": chunk, "policy_timing": timing}
+
+    def infer_batch(self, observations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        # Programs are exported for batch 1 (static shapes); a batch runs request by request.
+        return [self.infer(obs) for obs in observations]
+
+    def close(self) -> None:
+        """Drop the loaded methods and program (and the weights XNNPACK packed for them)."""
+        with self._lock:
+            self._methods = {}
+            self._program = None

@@ -1,0 +1,177 @@
+"""Policy -> one `.pte` with named methods for a target backend, plus its sidecar JSON."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_ros.export.forms import use_export_forms
+from omni_ros.export.methods import METHODS, example_inputs, method_module, signatures
+from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
+from omni_ros.export.quantize import QUANTIZE, quantize_model
+from omni_ros.export.report import delegation_report
+from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
+from omni_ros.policy.model import Pi0Model
+from omni_ros.policy.normalize import NormStats
+
+TARGETS = ("xnnpack", "qnn", "cuda")
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExportResult:
+    pte: Path
+    sidecar: Path
+    report: dict[str, Any]
+    seconds: float
+    bytes: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def check_export_target(target: str, quantize: str, qnn: QnnOptions | None = None) -> None:
+    """Everything that can be refused before tracing a model: unknown options, a missing SDK or GPU."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown export target '{target}'; choose one of {', '.join(TARGETS)}")
+    if quantize not in QUANTIZE:
+        raise ValueError(f"unknown quantization '{quantize}'; choose one of {', '.join(QUANTIZE)}")
+    if target == "qnn":
+        (qnn or QnnOptions()).validate()
+        if quantize != "none":
+            raise ValueError("QNN quantizes with its own calibrated recipe: use --qnn-precision, not --quantize")
+        find_qnn_sdk()
+    elif target == "cuda":
+        from omni_ros.export.cuda import check_cuda_export
+
+        if quantize != "none":
+            raise ValueError("--target cuda exports float32 only; use --quantize none")
+        check_cuda_export()
+
+
+def export_policy(
+    model: Pi0Model,
+    norm_stats: NormStats,
+    out: str | Path,
+    *,
+    target: str = "xnnpack",
+    quantize: str = "none",
+    methods: tuple[str, ...] | list[str] = METHODS,
+    num_steps: int | None = None,
+    name: str | None = None,
+    tokenizer_file: str | Path | None = None,
+    qnn: QnnOptions | None = None,
+) -> ExportResult:
+    """Export `methods` of `model` to `out` (.pte) and write `out`.json beside it.
+
+    The model is copied, switched to its export forms and quantized; the caller's model is untouched.
+    """
+    check_export_target(target, quantize, qnn)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    steps = num_steps or cfg.num_steps
+    start = time.perf_counter()
+    timings: dict[str, float] = {}
+    work = use_export_forms(copy.deepcopy(model).float().eval())
+    target_options: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        # torch.export and the lowering passes are chatty about internals we do not control.
+        warnings.simplefilter("ignore")
+        if target == "qnn":
+            qnn = qnn or QnnOptions()
+            target_options = qnn_plan(cfg, qnn, methods)
+            edge = lower_qnn(work, methods, qnn, steps)
+        else:
+            quantize_model(work, quantize)
+            device = "cuda" if target == "cuda" else "cpu"
+            work.to(device)
+            sigs = signatures(cfg)
+            programs = {}
+            for method in methods:
+                t0 = time.perf_counter()
+                inputs = tuple(x.to(device) for x in example_inputs(sigs[method], cfg))
+                with torch.no_grad():
+                    programs[method] = torch.export.export(method_module(work, method, steps), inputs)
+                timings[f"export_{method}_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if target == "cuda":
+                from omni_ros.export.cuda import lower_cuda
+
+                edge = lower_cuda(programs)
+            else:
+                from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+                from executorch.exir import to_edge_transform_and_lower
+
+                edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+            timings["lower_s"] = time.perf_counter() - t0
+        report = delegation_report(edge, methods)
+        t0 = time.perf_counter()
+        buffer = edge.to_executorch().buffer
+        timings["to_executorch_s"] = time.perf_counter() - t0
+    write_atomic(out, buffer)
+    tokenizer_name = None
+    if tokenizer_file is not None:
+        tokenizer_name = f"{out.name}.tokenizer{Path(tokenizer_file).suffix}"
+        shutil.copyfile(tokenizer_file, out.parent / tokenizer_name)
+    sidecar = Sidecar(
+        name=name or cfg.name,
+        target=target,
+        quantize=quantize if target != "qnn" else (qnn or QnnOptions()).precision,
+        model=cfg,
+        norm_stats=norm_stats,
+        methods={m: signatures(cfg)[m] for m in methods},
+        pte_sha256=file_sha256(out),
+        pte_bytes=out.stat().st_size,
+        num_steps=steps,
+        delegation=report,
+        tokenizer_file=tokenizer_name,
+        target_options=target_options,
+    )
+    sidecar.versions["omni_ros"] = _omni_version()
+    write_sidecar(out, sidecar)
+    seconds = time.perf_counter() - start
+    log.info("exported %s (%s, %s) in %.1f s", out, target, quantize, seconds)
+    return ExportResult(out, sidecar_path(out), report, seconds, out.stat().st_size, timings)
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, **kwargs: Any) -> ExportResult:
+    """Export a checkpoint directory (weights, norm stats and its tokenizer file if any)."""
+    from omni_ros.policy.checkpoint import load_checkpoint
+
+    checkpoint = Path(checkpoint)
+    model, stats, _ = load_checkpoint(checkpoint)
+    tokenizer = None
+    if model.cfg.tokenizer.kind != "bytes" and model.cfg.tokenizer.path:
+        tokenizer = Path(model.cfg.tokenizer.path)
+        tokenizer = tokenizer if tokenizer.is_absolute() else checkpoint / tokenizer
+    kwargs.setdefault("name", checkpoint.name)
+    return export_policy(model, stats, out, tokenizer_file=tokenizer, **kwargs)
+
+
+def export_preset(preset_name: str, out: str | Path, weights_seed: int = 0, **kwargs: Any) -> ExportResult:
+    """Export a built-in architecture with seeded random weights (the same weights `TorchPolicy.from_preset` builds)."""
+    from omni_ros.policy.model_config import preset
+
+    overrides = {k: kwargs.pop(k) for k in ("camera_names", "state_dim", "action_dim") if k in kwargs}
+    cfg = preset(preset_name, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(weights_seed)
+        model = Pi0Model(cfg)
+    kwargs.setdefault("name", f"{preset_name} (random weights)")
+    return export_policy(model, NormStats.identity(cfg.state_dim, cfg.action_dim), out, **kwargs)
+
+
+def _omni_version() -> str:
+    from omni_ros import __version__
+
+    return __version__

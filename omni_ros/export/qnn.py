@@ -1,0 +1,189 @@
+"""Qualcomm (QNN / HTP) lowering: SDK check, compile plan and specs, PT2E quantization, QnnPartitioner.
+
+Lowering for the Hexagon NPU needs Qualcomm's AI Engine Direct (QNN) SDK on the
+exporting machine. ExecuTorch, when `QNN_SDK_ROOT` is unset, tries to download
+the SDK from the internet; `find_qnn_sdk` runs before anything imports the
+ExecuTorch QNN code, so a machine without the SDK gets a clear error and no
+network access. Everything before that boundary (options, the compile plan
+with its static shapes, calibration inputs) is plain Python and testable here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_ros.errors import OmniRosError
+from omni_ros.export.methods import MethodSignature, method_module, signatures
+from omni_ros.policy.model import Pi0Model
+from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.sampler import euler_sample
+
+# Snapdragon SoCs with an HTP (Hexagon tensor processor) and its architecture version.
+SOC_HTP_ARCH = {
+    "SM8450": "V69",  # Snapdragon 8 Gen 1
+    "SM8475": "V69",  # Snapdragon 8+ Gen 1
+    "SM8550": "V73",  # Snapdragon 8 Gen 2
+    "SM8650": "V75",  # Snapdragon 8 Gen 3
+    "SM8750": "V79",  # Snapdragon 8 Elite
+    "SM8850": "V81",  # Snapdragon 8 Elite Gen 5
+    "SC8380XP": "V73",  # Snapdragon X Elite
+    "QCS9100": "V73",  # robotics / IoT
+    "QCM6490": "V68",  # robotics RB3 Gen 2
+    "SA8295": "V68",  # automotive
+}
+# The quantization each precision needs: the HTP runs integer graphs; fp16 needs a premium SoC (V73+).
+PRECISIONS = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "fp16": None}
+FP16_MIN_ARCH = 73
+
+HTP_LIBRARY = Path("lib") / "x86_64-linux-clang" / "libQnnHtp.so"
+INSTALL_HINT = (
+    "install the Qualcomm AI Engine Direct (QNN) SDK (https://www.qualcomm.com/developer/software/"
+    "qualcomm-ai-engine-direct-sdk, version 2.3x) and export QNN_SDK_ROOT=/path/to/qairt/<version>; "
+    "omni_ros never downloads it"
+)
+
+
+class QnnSdkError(OmniRosError, RuntimeError):
+    """The Qualcomm SDK needed to lower for QNN is not installed or not configured."""
+
+
+@dataclass(frozen=True)
+class QnnOptions:
+    soc: str = "SM8650"
+    precision: str = "8a8w"
+    # Calibration batches for the activation ranges of a quantized graph.
+    calibration_samples: int = 4
+
+    def validate(self) -> None:
+        if self.soc not in SOC_HTP_ARCH:
+            raise ValueError(f"unknown QNN SoC '{self.soc}'; choose one of {', '.join(sorted(SOC_HTP_ARCH))}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown QNN precision '{self.precision}'; choose one of {', '.join(PRECISIONS)}")
+        if self.precision == "fp16" and int(SOC_HTP_ARCH[self.soc][1:]) < FP16_MIN_ARCH:
+            raise ValueError(f"{self.soc} (HTP {SOC_HTP_ARCH[self.soc]}) has no fp16 HTP; use 8a8w or 16a8w")
+        if self.calibration_samples < 1:
+            raise ValueError("calibration_samples must be at least 1")
+
+
+@dataclass(frozen=True)
+class QnnSdk:
+    root: Path
+    htp_library: Path
+
+
+def find_qnn_sdk(env: Mapping[str, str] | None = None) -> QnnSdk:
+    """The SDK named by QNN_SDK_ROOT, with its host HTP library; a clear error otherwise. Touches no network."""
+    env = os.environ if env is None else env
+    root = env.get("QNN_SDK_ROOT", "")
+    if not root:
+        raise QnnSdkError(f"QNN lowering needs the Qualcomm SDK but QNN_SDK_ROOT is not set: {INSTALL_HINT}")
+    path = Path(root)
+    if not path.is_dir():
+        raise QnnSdkError(f"QNN_SDK_ROOT={root} is not a directory: {INSTALL_HINT}")
+    library = path / HTP_LIBRARY
+    if not library.is_file():
+        raise QnnSdkError(f"QNN_SDK_ROOT={root} has no {HTP_LIBRARY} (incomplete SDK?): {INSTALL_HINT}")
+    return QnnSdk(path, library)
+
+
+def qnn_plan(cfg: ModelConfig, options: QnnOptions, methods: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """What a QNN lowering will do, without the SDK: target, precision, quantization and static shapes per method."""
+    options.validate()
+    sigs = signatures(cfg)
+    return {
+        "soc": options.soc,
+        "htp_arch": SOC_HTP_ARCH[options.soc],
+        "backend": "HTP",
+        "precision": options.precision,
+        "quantization": "none (fp16 HTP)" if PRECISIONS[options.precision] is None else f"PT2E {options.precision}",
+        "calibration_samples": 0 if PRECISIONS[options.precision] is None else options.calibration_samples,
+        # The HTP compiles one fixed graph per method: every dimension is static.
+        "methods": {name: sigs[name].to_dict() for name in methods},
+        "options": asdict(options),
+    }
+
+
+def calibration_inputs(model: Pi0Model, methods: list[str] | tuple[str, ...], samples: int, seed: int = 0):
+    """Per method, `samples` input tuples produced by running the eager model on random observations.
+
+    Each stage is calibrated on what the stage before it really produces (image tokens, a KV cache,
+    the states of the Euler loop), not on unrelated random tensors.
+    """
+    cfg = model.cfg
+    sigs: dict[str, MethodSignature] = signatures(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, list[tuple[torch.Tensor, ...]]] = {name: [] for name in methods}
+    encode, prefill = method_module(model, "encode_images"), method_module(model, "prefill")
+    denoise = method_module(model, "denoise_step")
+    with torch.no_grad():
+        for _ in range(samples):
+            images = torch.rand(sigs["encode_images"].inputs[0].shape, generator=gen) * 2 - 1
+            masks = torch.ones(sigs["prefill"].inputs[1].shape, dtype=torch.bool)
+            tokens = torch.randint(0, min(cfg.vocab_size, 256), sigs["prefill"].inputs[2].shape, generator=gen)
+            token_mask = torch.zeros(tokens.shape, dtype=torch.bool)
+            token_mask[:, : 1 + int(torch.randint(1, tokens.shape[1], (1,), generator=gen))] = True
+            state = torch.randn(sigs["denoise_step"].inputs[1].shape, generator=gen)
+            noise = torch.randn(sigs["sample"].inputs[-1].shape, generator=gen)
+            image_tokens = encode(images)
+            kv = prefill(image_tokens, masks, tokens, token_mask)
+            prefix_mask = torch.cat([masks.repeat_interleave(cfg.vision.num_tokens, dim=1), token_mask], dim=1)
+            steps: list[tuple[torch.Tensor, ...]] = []
+
+            def velocity(x, t, kv=kv, prefix_mask=prefix_mask, state=state, steps=steps):
+                steps.append((prefix_mask, state, x, t, *kv))
+                return denoise(prefix_mask, state, x, t, *kv)
+
+            euler_sample(velocity, noise, cfg.num_steps)
+            recorded = {
+                "encode_images": [(images,)],
+                "prefill": [(image_tokens, masks, tokens, token_mask)],
+                "denoise_step": steps,
+                "sample": [(images, masks, tokens, token_mask, state, noise)],
+            }
+            for name in methods:
+                out[name].extend(recorded[name])
+    return out
+
+
+def lower_qnn(model: Pi0Model, methods: list[str] | tuple[str, ...], options: QnnOptions, num_steps: int):
+    """Quantize (PT2E, calibrated) and lower `methods` of `model` with the QnnPartitioner; returns the edge manager.
+
+    The SDK is checked first: nothing below imports ExecuTorch's QNN code without it.
+    """
+    options.validate()
+    find_qnn_sdk()
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
+    from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
+    from executorch.backends.qualcomm.utils.utils import (
+        generate_htp_compiler_spec,
+        generate_qnn_executorch_compiler_spec,
+        to_edge_transform_and_lower_to_qnn,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quant = PRECISIONS[options.precision]
+    specs = generate_qnn_executorch_compiler_spec(
+        soc_model=getattr(QcomChipset, options.soc),
+        backend_options=generate_htp_compiler_spec(use_fp16=quant is None),
+    )
+    calibration = calibration_inputs(model, methods, options.calibration_samples if quant else 1)
+    modules, inputs = {}, {}
+    for name in methods:
+        example = calibration[name][0]
+        graph = torch.export.export(method_module(model, name, num_steps), example).module()
+        if quant is not None:
+            quantizer = QnnQuantizer()
+            quantizer.set_default_quant_config(getattr(QuantDtype, quant), is_linear_per_channel=True)
+            graph = prepare_pt2e(graph, quantizer)
+            with torch.no_grad():
+                for batch in calibration[name]:
+                    graph(*batch)
+            graph = convert_pt2e(graph)
+        modules[name], inputs[name] = graph, example
+    return to_edge_transform_and_lower_to_qnn(modules, inputs, {name: specs for name in methods})
