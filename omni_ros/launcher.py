@@ -2,7 +2,7 @@
 
 The Python twin of launch/omni_ros.launch.py for machines without
 `launch_ros` (such as a pip-only install): the same nodes, Ctrl-C to stop.
-In one process they share one MultiThreadedExecutor and one policy object
+In one process they share one executor and one policy object
 (the bridge serves the policy the node runs).
 """
 
@@ -48,7 +48,7 @@ def run_stack(
 
 def _run_in_process(config: OmniConfig, names: list[str], duration: float) -> int:
     import rclpy
-    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
     from rclpy.lifecycle import TransitionCallbackReturn
     from std_msgs.msg import String
 
@@ -104,7 +104,9 @@ def _run_in_process(config: OmniConfig, names: list[str], duration: float) -> in
         if "sim" in names:
             monitor.create_subscription(String, config.sim.episode_topic, on_episode, LATCHED)
 
-        executor = MultiThreadedExecutor(num_threads=4)
+        # One thread for callbacks is enough (they are short: inference and the control loop have their own
+        # threads) and avoids the MultiThreadedExecutor's busy polling, which starves those threads of the GIL.
+        executor = SingleThreadedExecutor()
         for node in nodes:
             executor.add_node(node)
         stop = {"flag": False}

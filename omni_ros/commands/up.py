@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "up",
         help="start the nodes: policy (+ sim robot with --sim, + OpenPI bridge, + TTS); Ctrl-C stops them",
-        description="Start the omni_ros nodes in one process (shared policy, MultiThreadedExecutor) or, with "
+        description="Start the omni_ros nodes in one process (shared policy and executor) or, with "
         "--processes, one process per node. With --sim the simulated robot is started too and commands flow "
         "(dry_run off); on a real robot the default config is a dry run until you turn it off.",
     )

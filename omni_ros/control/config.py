@@ -30,8 +30,5 @@ class ControlConfig:
     state_stale_s: float = 0.25
     # null: a prompt never goes stale (it is latched).
     prompt_stale_s: float | None = None
-    # Niceness of the policy node's inference thread (Linux, 0-19): the model yields the CPU to the control
-    # loop, so commands keep their rate while a chunk is computed. 0 disables.
-    inference_nice: int = 10
     # Where joint commands go (trajectory_msgs/JointTrajectory, first point = target now).
     command_topic: str = "/arm_controller/joint_trajectory"

@@ -4,8 +4,9 @@ A managed (lifecycle) node. It converts messages at the edge and hands them to
 the plain-Python pieces every entry point shares: `ObservationAssembler`
 (latest inputs, staleness), a `Policy` (any backend), and the
 `ActionChunkExecutor` (prefetch, latency compensation, blending, limits,
-safety states). Inference runs on its own thread, so callbacks and the
-control timer never wait for the model.
+safety states). Inference runs on its own thread and the control loop on
+another, paced by the monotonic clock, so neither callbacks nor the model
+can delay a command tick.
 
     configure  -> load the policy, create topics, services and timers
     activate   -> commands may flow (unless dry_run)
@@ -16,15 +17,12 @@ control timer never wait for the model.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import os
 import threading
 import time
 from typing import Any
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.lifecycle import Node as LifecycleNode
 from rclpy.lifecycle import State, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -59,14 +57,6 @@ STATUS_NAMES = {
 }
 # Consecutive inference failures after which the node reports ERROR (it keeps retrying).
 ERROR_AFTER = 3
-
-
-def _lower_priority(nice: int) -> None:
-    """Runs in the inference thread: raise its niceness (threads torch starts from it inherit it)."""
-    if nice > 0 and hasattr(os, "setpriority"):
-        # Where this is not permitted, the thread simply runs at normal priority.
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
 class PolicyNode(LifecycleNode):
@@ -128,12 +118,8 @@ class PolicyNode(LifecycleNode):
         self.executor_ = ActionChunkExecutor(len(joints), control, cfg.robot.control_rate_hz, cfg.robot.dry_run)
         # Commands wait for activation.
         self.executor_.pause()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="inference", initializer=_lower_priority, initargs=(control.inference_nice,)
-        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inference")
 
-        inputs = ReentrantCallbackGroup()
-        control_group = MutuallyExclusiveCallbackGroup()
         topics = cfg.topics
         for cam in topics.cameras:
             msg_type = CompressedImage if cam.compressed else Image
@@ -143,17 +129,14 @@ class PolicyNode(LifecycleNode):
                     cam.topic,
                     lambda m, n=cam.name: self._on_image(n, m),
                     qos_profile_sensor_data,
-                    callback_group=inputs,
                 )
             )
         self._handles += [
-            self.create_subscription(
-                JointState, topics.joint_states, self._on_joint_state, qos_profile_sensor_data, callback_group=inputs
-            ),
-            self.create_subscription(String, topics.prompt, self._on_prompt, LATCHED, callback_group=inputs),
-            self.create_subscription(Bool, topics.estop, self._on_estop, 10, callback_group=inputs),
-            self.create_service(Trigger, "~/pause", self._on_pause, callback_group=inputs),
-            self.create_service(Trigger, "~/resume", self._on_resume, callback_group=inputs),
+            self.create_subscription(JointState, topics.joint_states, self._on_joint_state, qos_profile_sensor_data),
+            self.create_subscription(String, topics.prompt, self._on_prompt, LATCHED),
+            self.create_subscription(Bool, topics.estop, self._on_estop, 10),
+            self.create_service(Trigger, "~/pause", self._on_pause),
+            self.create_service(Trigger, "~/resume", self._on_resume),
         ]
         self._chunk_pub = self.create_publisher(ActionChunk, topics.action_chunk, 10)
         self._command_pub = self.create_publisher(JointTrajectory, control.command_topic, 10)
@@ -162,10 +145,12 @@ class PolicyNode(LifecycleNode):
         )
         self._status_pub = self.create_publisher(PolicyStatus, cfg.status.topic, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, topics.diagnostics, 10)
-        self._control_timer = self.create_timer(
-            1.0 / cfg.robot.control_rate_hz, self._on_control_tick, callback_group=control_group
-        )
-        self._status_timer = self.create_timer(1.0 / cfg.status.rate_hz, self.publish_status, callback_group=inputs)
+        # The control loop is a thread of its own, paced by the monotonic clock: no executor scheduling or
+        # other callback (image conversion, status) can delay a command tick.
+        self._control_stop = threading.Event()
+        self._control_thread = threading.Thread(target=self._control_loop, name="control", daemon=True)
+        self._control_thread.start()
+        self._status_timer = self.create_timer(1.0 / cfg.status.rate_hz, self.publish_status)
         meta = self.policy.metadata
         self.get_logger().info(
             f"configured: policy {meta.model} on {meta.backend}, cameras {list(meta.camera_names)}, joints {joints}, "
@@ -202,10 +187,13 @@ class PolicyNode(LifecycleNode):
         self._release()
 
     def _release(self) -> None:
-        for timer in (getattr(self, "_control_timer", None), getattr(self, "_status_timer", None)):
-            if timer is not None:
-                self.destroy_timer(timer)
-        self._control_timer = self._status_timer = None
+        if getattr(self, "_control_thread", None) is not None:
+            self._control_stop.set()
+            self._control_thread.join(timeout=2.0)
+            self._control_thread = None
+        if getattr(self, "_status_timer", None) is not None:
+            self.destroy_timer(self._status_timer)
+        self._status_timer = None
         for handle in self._handles:
             if hasattr(handle, "srv_type"):
                 self.destroy_service(handle)
@@ -274,6 +262,20 @@ class PolicyNode(LifecycleNode):
         return response
 
     # -- control loop ------------------------------------------------------------------------------------------
+
+    def _control_loop(self) -> None:
+        period = 1.0 / self.config.robot.control_rate_hz
+        next_tick = time.monotonic()
+        while not self._control_stop.is_set():
+            try:
+                self._on_control_tick()
+            except Exception as exc:  # a bug in one tick must not end commands' safety checks for good
+                self.get_logger().error(f"control tick failed: {exc}")
+            next_tick += period
+            delay = next_tick - time.monotonic()
+            if delay < 0:  # overran: start again from now rather than firing a burst of late ticks
+                next_tick, delay = time.monotonic(), 0.0
+            self._control_stop.wait(delay)
 
     def _on_control_tick(self) -> None:
         now = self._now()
@@ -456,7 +458,6 @@ def main(argv: list[str] | None = None) -> int:
 
     default_to_localhost()
     import rclpy
-    from rclpy.executors import MultiThreadedExecutor
 
     rclpy.init(args=["policy_node", *ros_args])
     node = PolicyNode(config)
@@ -466,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             rclpy.try_shutdown()
             return 1
         node.trigger_activate()
-    spin_until_shutdown(node, MultiThreadedExecutor(num_threads=4))
+    spin_until_shutdown(node)
     return 0
 
 

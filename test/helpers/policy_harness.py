@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import rclpy
-from rclpy.executors import MultiThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
@@ -62,7 +62,7 @@ class Harness:
         self.peer.create_subscription(PolicyStatus, cfg.status.topic, self.statuses.append, 50)
         self.pause_client = self.peer.create_client(Trigger, "/policy_under_test/pause")
         self.resume_client = self.peer.create_client(Trigger, "/policy_under_test/resume")
-        self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         self.executor.add_node(self.peer)
         self._stop = threading.Event()
