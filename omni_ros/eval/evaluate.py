@@ -10,12 +10,12 @@ from typing import Any
 
 from omni_ros.config import OmniConfig
 from omni_ros.eval.errors import EvalError, NoSamplesError
-from omni_ros.eval.progress import Progress
 from omni_ros.eval.replay import Replayer, ReplayResult
 from omni_ros.eval.report import summary_text, write_report
 from omni_ros.eval.results import build_document
 from omni_ros.eval.schema import check
 from omni_ros.policy.base import Policy
+from omni_ros.progress import Progress
 
 
 @dataclass

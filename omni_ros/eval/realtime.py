@@ -24,10 +24,10 @@ from omni_ros.eval.bag import COMPRESSED_IMAGE, IMAGE, JOINT_STATE, STRING, Bag
 from omni_ros.eval.errors import EvalError, NoSamplesError
 from omni_ros.eval.evaluate import Evaluation, _finish, _prepare_out
 from omni_ros.eval.metrics import Prediction, _num, percentiles, score_episode
-from omni_ros.eval.progress import Progress
 from omni_ros.eval.replay import Episode, Replayer
 from omni_ros.eval.results import build_document
 from omni_ros.policy.base import PolicyMetadata
+from omni_ros.progress import Progress
 
 # Messages whose CDR payload starts with std_msgs/Header (stamp sec, nanosec right after the 4-byte
 # encapsulation header), so they can be restamped in place.

@@ -24,8 +24,8 @@ from omni_ros.eval.bag import COMPRESSED_IMAGE, IMAGE, JOINT_STATE, STRING, Bag,
 from omni_ros.eval.errors import EvalError, TopicError
 from omni_ros.eval.groundtruth import COMMAND_TYPES, GroundTruthCollector, Track, stamp_of
 from omni_ros.eval.metrics import Prediction, Scores, score_episode
-from omni_ros.eval.progress import Progress
 from omni_ros.policy.base import Policy
+from omni_ros.progress import Progress
 from omni_ros.ros_convert import ImageError, compressed_to_rgb, image_to_rgb
 
 THUMBNAIL_WIDTH = 192
