@@ -125,8 +125,6 @@ def _run_in_process(config: OmniConfig, names: list[str], duration: float) -> in
         return 0 if seen["status"] else 1
     finally:
         for node in reversed(nodes):
-            if isinstance(node, PolicyNode):
-                node.shutdown_now()
             node.destroy_node()
         rclpy.try_shutdown()
 

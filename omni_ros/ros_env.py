@@ -33,8 +33,7 @@ def spin_until_shutdown(node: Any, executor: Any = None, duration: float = 0.0) 
     """Spin `node` until Ctrl-C, an external shutdown or `duration` seconds (0: no limit); then clean up.
 
     The one way every `python -m omni_ros.nodes.X` entry point runs, so each
-    stops the same way. Nodes with a `shutdown_now()` method get it called
-    before they are destroyed.
+    stops the same way.
     """
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
@@ -49,7 +48,5 @@ def spin_until_shutdown(node: Any, executor: Any = None, duration: float = 0.0) 
         pass
     finally:
         shutdown_executor(executor)
-        if hasattr(node, "shutdown_now"):
-            node.shutdown_now()
         node.destroy_node()
         rclpy.try_shutdown()

@@ -179,18 +179,27 @@ class PolicyNode(LifecycleNode):
         self._release()
         return TransitionCallbackReturn.SUCCESS
 
+    def destroy_node(self) -> None:
+        # Stop the control and inference threads before the entities they use go away.
+        self.shutdown_now()
+        super().destroy_node()
+
     def shutdown_now(self) -> None:
-        """Stop commands and the inference thread before the node is destroyed."""
+        """Stop commands, the control loop and the inference thread before the node is destroyed."""
         self._active = False
+        self._stop_control_loop()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._release()
 
-    def _release(self) -> None:
+    def _stop_control_loop(self) -> None:
         if getattr(self, "_control_thread", None) is not None:
             self._control_stop.set()
             self._control_thread.join(timeout=2.0)
             self._control_thread = None
+
+    def _release(self) -> None:
+        self._stop_control_loop()
         if getattr(self, "_status_timer", None) is not None:
             self.destroy_timer(self._status_timer)
         self._status_timer = None
