@@ -73,8 +73,9 @@ def test_batched_equals_unbatched_server():
                 t.join(30)
         outputs[enabled] = [results[i]["actions"] for i in range(len(observations))]
         if enabled:
-            # Six requests and max_batch 6 with a long wait: one full batch is dispatched as soon as it fills.
-            assert policy.batch_sizes == [6]
+            # Six requests, max_batch 6 and a long wait: they are served in batches (normally one full batch;
+            # on a loaded machine a late arrival can still land in a second one).
+            assert sum(policy.batch_sizes) == 6 and max(policy.batch_sizes) >= 2, policy.batch_sizes
     for unbatched, batched in zip(outputs[False], outputs[True], strict=True):
         np.testing.assert_array_equal(unbatched, batched)
 

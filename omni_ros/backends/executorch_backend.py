@@ -32,7 +32,7 @@ from omni_ros.export.methods import STAGED, prefix_mask_of
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
 from omni_ros.observation import ObservationSpec, make_observation
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
-from omni_ros.policy.inputs import model_inputs
+from omni_ros.policy.inputs import model_inputs, robot_actions
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import make_tokenizer
 
@@ -210,7 +210,7 @@ class ExecuTorchPolicy(BasePolicy):
             "infer_ms": (end - start) * 1e3,
             "batch_size": 1,
         }
-        chunk = self.norm_stats.unnormalize_actions(actions[0].numpy())
+        chunk = robot_actions(self.cfg, self.norm_stats, actions[0].numpy(), parsed.state)
         if not np.all(np.isfinite(chunk)):
             # Never hand a non-finite command to a robot.
             raise FloatingPointError("policy produced non-finite actions")

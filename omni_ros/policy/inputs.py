@@ -36,3 +36,32 @@ def model_inputs(
         "token_mask": torch.from_numpy(np.stack([m for _, m in encoded])).to(device),
         "state": torch.from_numpy(states).to(device, dtype),
     }
+
+
+def action_targets(cfg: ModelConfig, norm_stats: NormStats, actions: np.ndarray, states: np.ndarray) -> np.ndarray:
+    """Robot-unit chunks (B, H, action_dim) -> the normalized targets the model learns.
+
+    With `relative_actions`, the target is the chunk minus the state the model sees (B, state_dim), per joint and
+    broadcast over the horizon; `robot_actions` is the inverse.
+    """
+    return norm_stats.normalize_actions(_relative(cfg, actions, states, -1.0))
+
+
+def robot_actions(cfg: ModelConfig, norm_stats: NormStats, actions: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """One normalized model output (H, action_dim) -> robot-unit actions, given the observation's state."""
+    return _relative(cfg, norm_stats.unnormalize_actions(actions), state, 1.0).astype(np.float32)
+
+
+def fit_norm_stats(cfg: ModelConfig, states: np.ndarray, actions: np.ndarray) -> NormStats:
+    """Statistics of states (N, state_dim) and of the targets the model learns (deltas when relative)."""
+    return NormStats.fit(states, _relative(cfg, actions, states, -1.0))
+
+
+def _relative(cfg: ModelConfig, actions: np.ndarray, states: np.ndarray, sign: float) -> np.ndarray:
+    if not cfg.relative_actions:
+        return actions
+    if cfg.action_dim > cfg.state_dim:
+        raise ValueError(f"relative_actions needs action_dim <= state_dim, got {cfg.action_dim} > {cfg.state_dim}")
+    # The first action_dim state entries are the joint positions the actions command.
+    offset = np.asarray(states, dtype=np.float32)[..., None, : cfg.action_dim]
+    return (actions + sign * offset).astype(np.float32)

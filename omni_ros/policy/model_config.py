@@ -59,6 +59,10 @@ class ModelConfig:
     # Seconds between consecutive actions of a chunk (50 Hz by default).
     action_dt: float = 0.02
     num_steps: int = 10
+    # Predict each chunk relative to the current joint positions (openpi's delta actions): the model outputs
+    # chunk - state and the policy adds the observation's state back, so "hold the current pose" is no longer a
+    # shortcut that the absolute targets reward.
+    relative_actions: bool = False
     vision: VisionConfig = field(default_factory=VisionConfig)
     backbone: TransformerConfig = field(default_factory=TransformerConfig)
     expert: TransformerConfig = field(
@@ -119,7 +123,8 @@ def _demo() -> ModelConfig:
         action_horizon=16,
         action_dt=0.05,
         num_steps=5,
-        vision=VisionConfig(image_size=80, patch_size=10, width=64, depth=2, num_heads=2, mlp_dim=128),
+        relative_actions=True,
+        vision=VisionConfig(image_size=48, patch_size=16, width=64, depth=2, num_heads=2, mlp_dim=128),
         backbone=TransformerConfig(width=128, depth=2, num_heads=4, num_kv_heads=1, head_dim=32, mlp_dim=256),
         expert=TransformerConfig(width=64, depth=2, num_heads=2, num_kv_heads=1, head_dim=32, mlp_dim=128),
         tokenizer=TokenizerConfig(max_tokens=40),

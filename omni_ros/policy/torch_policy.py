@@ -14,7 +14,7 @@ from omni_ros.errors import OmniRosError
 from omni_ros.observation import ObservationSpec, make_observation
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
 from omni_ros.policy.checkpoint import load_checkpoint
-from omni_ros.policy.inputs import model_inputs
+from omni_ros.policy.inputs import model_inputs, robot_actions
 from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.model_config import ModelConfig, preset
 from omni_ros.policy.normalize import NormStats
@@ -167,7 +167,7 @@ class TorchPolicy(BasePolicy):
         }
         results = []
         for i in range(len(parsed)):
-            chunk = self.norm_stats.unnormalize_actions(actions[i])
+            chunk = robot_actions(self.cfg, self.norm_stats, actions[i], parsed[i].state)
             if not np.all(np.isfinite(chunk)):
                 # Never hand a non-finite command to a robot.
                 raise FloatingPointError("policy produced non-finite actions")

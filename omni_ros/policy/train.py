@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from omni_ros.observation import Observation
-from omni_ros.policy.inputs import model_inputs
+from omni_ros.policy.inputs import action_targets, model_inputs
 from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.tokenizer import Tokenizer, make_tokenizer
@@ -32,14 +32,21 @@ class Trainer:
         self.tokenizer = tokenizer or make_tokenizer(model.cfg.tokenizer)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
         self.grad_clip = grad_clip
-        self.generator = torch.Generator().manual_seed(seed)
+        # Flow-matching noise is drawn on the model's device, so the generator must live there too.
+        self.generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
         self.steps = 0
 
     def batch(self, observations: Sequence[Observation], actions: np.ndarray) -> dict[str, torch.Tensor]:
-        """Tensors for validated observations and their (B, H, action_dim) action chunks in robot units."""
+        """Tensors for validated observations and their (B, H, action_dim) action chunks in robot units.
+
+        Relative targets use the observations' states as given (noise included), as the model sees them.
+        """
         device = next(self.model.parameters()).device
-        inputs = model_inputs(self.model.cfg, self.tokenizer, self.norm_stats, observations, device)
-        inputs["actions"] = torch.from_numpy(self.norm_stats.normalize_actions(actions)).to(device)
+        cfg = self.model.cfg
+        inputs = model_inputs(cfg, self.tokenizer, self.norm_stats, observations, device)
+        states = np.stack([o.state for o in observations])
+        targets = action_targets(cfg, self.norm_stats, np.asarray(actions, dtype=np.float32), states)
+        inputs["actions"] = torch.from_numpy(targets).to(device)
         return inputs
 
     def step(self, batch: dict[str, torch.Tensor]) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,8 +35,8 @@ class CollectOptions:
     action_dt: float = 0.05
     # Simulated inference latency, as in evaluation.
     latency: float = 0.1
-    # Episode length; the expert reaches in about 2 s, the rest teaches holding still on the block.
-    episode_time_s: float = 4.0
+    # Episode length; the expert reaches in 2-3 s, the rest teaches holding still on the block.
+    episode_time_s: float = 5.0
     # A new chunk is asked for when fewer than this fraction of the current one is left (denser samples).
     prefetch_threshold: float = 0.75
     # Probability that an executed chunk is perturbed instead of the expert's.
@@ -45,6 +45,10 @@ class CollectOptions:
     noise_xy: float = 0.08
     # Probability that the driver policy's chunk runs instead of the expert's (DAgger); needs a driver.
     driver_prob: float = 0.0
+    # The pose whose IK branch the expert reaches with (one per joint; empty: the arm's home). This one
+    # bends the elbow the same way for every block on the table, so where the arm goes is a smooth
+    # function of where the block is; from the folded home pose the choice flips across the table.
+    ik_reference: list[float] = field(default_factory=lambda: [1.5708, 2.0, -1.0])
 
 
 def episode_control(options: CollectOptions) -> ControlConfig:
@@ -99,7 +103,10 @@ def collect_episode(
 
 def make_env(sim: SimConfig, options: CollectOptions) -> tuple[SimEnv, ReachExpert]:
     env = SimEnv(dataclasses.replace(sim, episode_time_s=options.episode_time_s))
-    expert = ReachExpert(env.arm, env.home, horizon=options.horizon, dt=options.action_dt)
+    reference = np.asarray(options.ik_reference, dtype=np.float64)
+    if reference.shape != (env.arm.n_joints,):
+        reference = env.home
+    expert = ReachExpert(env.arm, reference, horizon=options.horizon, dt=options.action_dt)
     return env, expert
 
 

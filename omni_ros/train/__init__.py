@@ -1,0 +1,1 @@
+"""Training policies on demonstration datasets (`omni-ros train`)."""

@@ -1,0 +1,35 @@
+"""The training recipe (a YAML file such as config/train_demo.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of one training run; the command line may override a few."""
+
+    # Architecture of a fresh model (omni_ros.policy.model_config.PRESETS) ...
+    preset: str = "demo"
+    # ... or start from the weights of this checkpoint (fine-tuning); its architecture wins.
+    init_checkpoint: str | None = None
+    steps: int = 6000
+    batch_size: int = 32
+    # Peak learning rate, reached after `warmup_steps`, then cosine decay to `final_lr_fraction` of it.
+    lr: float = 1e-3
+    warmup_steps: int = 200
+    final_lr_fraction: float = 0.05
+    weight_decay: float = 1e-4
+    grad_clip: float = 1.0
+    # Augmentation: Gaussian noise on the proprioceptive state input, std drawn per sample from
+    # U(0, state_noise) (robot units). The labels stay exact, so the model must read the arm's pose and
+    # the goal from the cameras instead of extrapolating the state alone (the "copycat" shortcut).
+    state_noise: float = 0.0
+    # Seeds the weights, the batch order and the flow-matching noise.
+    seed: int = 0
+    device: str = "cpu"
+    # torch intra-op threads on CPU (0: torch's default).
+    threads: int = 2
+    # Write the checkpoint and the resumable training state every this many steps.
+    checkpoint_every: int = 500
+    log_every: int = 50
