@@ -30,8 +30,8 @@ import torch
 from omni_ros.config import ConfigError
 from omni_ros.export.methods import STAGED, prefix_mask_of
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
-from omni_ros.observation import ObservationSpec, make_observation
-from omni_ros.policy.base import BasePolicy, PolicyMetadata
+from omni_ros.observation import make_observation
+from omni_ros.policy.base import BasePolicy
 from omni_ros.policy.inputs import model_inputs, robot_actions
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import make_tokenizer
@@ -137,23 +137,9 @@ class ExecuTorchPolicy(BasePolicy):
             raise PteError(f"{pte}: ExecuTorch cannot load it: {exc}") from exc
         self._program = program
         self._lock = threading.Lock()
-        self.spec = ObservationSpec(
-            camera_names=tuple(cfg.camera_names),
-            state_dim=cfg.state_dim,
-            image_size=cfg.vision.image_size,
-            required_cameras=(cfg.camera_names[0],),
-        )
+        self.spec = cfg.observation_spec()
         backend = f"executorch-{sidecar.target}" + ("" if sidecar.quantize == "none" else f"-{sidecar.quantize}")
-        self.metadata = PolicyMetadata(
-            model=name or sidecar.name,
-            backend=backend,
-            camera_names=tuple(cfg.camera_names),
-            image_size=cfg.vision.image_size,
-            state_dim=cfg.state_dim,
-            action_dim=cfg.action_dim,
-            action_horizon=cfg.action_horizon,
-            action_dt=cfg.action_dt,
-        )
+        self.metadata = cfg.policy_metadata(name or sidecar.name, backend)
 
     def _run(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         # The runtime takes dense tensors only (the pixel tensor is a permuted view).

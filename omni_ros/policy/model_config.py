@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from omni_ros.config import from_dict, to_dict
+from omni_ros.observation import ObservationSpec
+from omni_ros.policy.base import PolicyMetadata
 
 
 @dataclass
@@ -87,6 +89,27 @@ class ModelConfig:
             raise ValueError("vision.image_size must be a multiple of vision.patch_size")
         if not self.camera_names:
             raise ValueError("at least one camera is needed")
+
+    def observation_spec(self) -> ObservationSpec:
+        """What a policy of this architecture consumes (the first camera is required, others may be masked)."""
+        return ObservationSpec(
+            camera_names=tuple(self.camera_names),
+            state_dim=self.state_dim,
+            image_size=self.vision.image_size,
+            required_cameras=(self.camera_names[0],),
+        )
+
+    def policy_metadata(self, model: str, backend: str) -> PolicyMetadata:
+        return PolicyMetadata(
+            model=model,
+            backend=backend,
+            camera_names=tuple(self.camera_names),
+            image_size=self.vision.image_size,
+            state_dim=self.state_dim,
+            action_dim=self.action_dim,
+            action_horizon=self.action_horizon,
+            action_dt=self.action_dt,
+        )
 
     @property
     def prefix_len(self) -> int:

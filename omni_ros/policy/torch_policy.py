@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from omni_ros.errors import OmniRosError
-from omni_ros.observation import ObservationSpec, make_observation
-from omni_ros.policy.base import BasePolicy, PolicyMetadata
+from omni_ros.observation import make_observation
+from omni_ros.policy.base import BasePolicy
 from omni_ros.policy.checkpoint import load_checkpoint
 from omni_ros.policy.inputs import model_inputs, robot_actions
 from omni_ros.policy.model import Pi0Model
@@ -72,23 +72,9 @@ class TorchPolicy(BasePolicy):
         self.tokenizer = tokenizer or make_tokenizer(cfg.tokenizer)
         self.seed = seed
         self.num_steps = num_steps or cfg.num_steps
-        self.spec = ObservationSpec(
-            camera_names=tuple(cfg.camera_names),
-            state_dim=cfg.state_dim,
-            image_size=cfg.vision.image_size,
-            required_cameras=(cfg.camera_names[0],),
-        )
+        self.spec = cfg.observation_spec()
         backend = f"torch-{self.device.type}" + ("-bf16" if self.dtype == torch.bfloat16 else "")
-        self.metadata = PolicyMetadata(
-            model=name or cfg.name,
-            backend=backend,
-            camera_names=tuple(cfg.camera_names),
-            image_size=cfg.vision.image_size,
-            state_dim=cfg.state_dim,
-            action_dim=cfg.action_dim,
-            action_horizon=cfg.action_horizon,
-            action_dt=cfg.action_dt,
-        )
+        self.metadata = cfg.policy_metadata(name or cfg.name, backend)
 
     @classmethod
     def from_preset(
