@@ -50,3 +50,21 @@ def spin_until_shutdown(node: Any, executor: Any = None, duration: float = 0.0) 
         shutdown_executor(executor)
         node.destroy_node()
         rclpy.try_shutdown()
+
+
+def run_node(prog: str, make_node: Any, ros_args: list[str], errors: tuple[type[BaseException], ...]) -> int:
+    """Start rclpy, build a node and spin it; a construction error in `errors` is one line and exit status 2."""
+    import sys
+
+    import rclpy
+
+    default_to_localhost()
+    rclpy.init(args=[prog, *ros_args])
+    try:
+        node = make_node()
+    except errors as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 2
+    spin_until_shutdown(node)
+    return 0

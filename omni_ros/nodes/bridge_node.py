@@ -55,24 +55,17 @@ class BridgeNode(Node):
 def main(argv: Sequence[str] | None = None) -> int:
     from omni_ros.config import load_config
     from omni_ros.errors import OmniRosError
-    from omni_ros.ros_env import default_to_localhost, spin_until_shutdown
+    from omni_ros.ros_env import run_node
 
     parser = argparse.ArgumentParser(prog="bridge_node", description="omni_ros OpenPI WebSocket bridge node")
     parser.add_argument("--config", help="omni_ros YAML config (its policy: and serve: sections are used)")
     args, ros_args = parser.parse_known_args(argv)
-    default_to_localhost()
-    import rclpy
-
     try:
         config = load_config(args.config)
-        rclpy.init(args=["bridge_node", *ros_args])
-        node = BridgeNode(config)
-    except (OmniRosError, OSError) as exc:
+    except OmniRosError as exc:
         print(f"bridge_node: {exc}", file=sys.stderr)
-        rclpy.try_shutdown()
         return 2
-    spin_until_shutdown(node)
-    return 0
+    return run_node("bridge_node", lambda: BridgeNode(config), ros_args, (OmniRosError, OSError))
 
 
 if __name__ == "__main__":

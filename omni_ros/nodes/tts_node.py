@@ -262,7 +262,7 @@ class TtsNode(Node):
 
 def main(argv: Sequence[str] | None = None) -> int:
     from omni_ros.config import ConfigError, load_config
-    from omni_ros.ros_env import default_to_localhost, spin_until_shutdown
+    from omni_ros.ros_env import run_node
     from omni_ros.tts.engine import TtsError
 
     parser = argparse.ArgumentParser(prog="tts_node", description="omni_ros voice feedback (TTS) node")
@@ -280,18 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.voice is not None:
         config.voice = args.voice
 
-    default_to_localhost()
-    import rclpy
-
-    rclpy.init(args=["tts_node", *ros_args])
-    try:
-        node = TtsNode(config)
-    except (TtsError, ValueError) as exc:
-        print(f"tts_node: cannot configure TTS: {exc}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 2
-    spin_until_shutdown(node)
-    return 0
+    return run_node("tts_node", lambda: TtsNode(config), ros_args, (TtsError, ValueError))
 
 
 if __name__ == "__main__":
