@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from report import emit
 
 RECIPES = {"xnnpack_fp32": "none", "xnnpack_int8": "int8-dynamic"}
 
@@ -88,7 +89,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             cache = model.prefill(prefix, mask)
             t = torch.full((1,), 0.5)
             result["methods_ms"] = {
-                "encode_images": median_ms(lambda: model.encode_images(inputs["images"]), args.runs),
+                "encode_images": median_ms(
+                    lambda: model.encode_images(inputs["images"], inputs["tokens"], inputs["token_mask"]), args.runs
+                ),
                 "prefill": median_ms(lambda: model.prefill(prefix, mask), args.runs),
                 "denoise_step": median_ms(
                     lambda: model.denoise_step(cache, mask, inputs["state"], noise, t), args.runs * 3
@@ -106,7 +109,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         from omni_ros.policy.inputs import model_inputs
 
         inputs = model_inputs(policy.cfg, policy.tokenizer, policy.norm_stats, [_parse(policy, obs)])
-        image_tokens = policy._run("encode_images", [inputs["images"]])[0].clone()
+        image_tokens = policy._run("encode_images", policy.encode_inputs(inputs))[0].clone()
         args_prefill = [image_tokens, inputs["image_masks"], inputs["tokens"], inputs["token_mask"]]
         cache = [c.clone() for c in policy._run("prefill", args_prefill)]
         from omni_ros.export.methods import prefix_mask_of
@@ -114,7 +117,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         pmask = prefix_mask_of(inputs["image_masks"], inputs["token_mask"], policy.cfg.vision.num_tokens)
         x, t = policy._noise(), torch.full((1,), 0.5)
         result["methods_ms"] = {
-            "encode_images": median_ms(lambda: policy._run("encode_images", [inputs["images"]]), args.runs),
+            "encode_images": median_ms(lambda: policy._run("encode_images", policy.encode_inputs(inputs)), args.runs),
             "prefill": median_ms(lambda: policy._run("prefill", args_prefill), args.runs),
             "denoise_step": median_ms(
                 lambda: policy._run("denoise_step", [pmask, inputs["state"], x, t, *cache]), args.runs * 3
@@ -248,10 +251,7 @@ def main() -> int:
         "exports": exports,
         "results": by_threads,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

@@ -16,7 +16,6 @@ thread each) in this one, over 127.0.0.1. Measured:
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -31,6 +30,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from report import emit
 
 from omni_ros.observation import ObservationSpec
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
@@ -211,10 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         one, sixteen = torch_report["points"][0], torch_report["points"][1]
         torch_report["speedup_16_batched_vs_1"] = sixteen["requests_per_s"] / max(one["requests_per_s"], 1e-9)
         report["throughput_torch"] = torch_report
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    emit(report, args.out)
     return 0
 
 

@@ -13,13 +13,13 @@ region and one thread can be several times faster.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from report import emit
 
 from omni_ros.observation import Observation
 from omni_ros.policy.model import Pi0Model, count_parameters
@@ -93,10 +93,7 @@ def main() -> None:
         "infer_ms_1_thread": infer_ms(3 * args.steps),
         "load_average_1min": float(Path("/proc/loadavg").read_text().split()[0]),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

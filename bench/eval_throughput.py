@@ -13,7 +13,6 @@ JSON document.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import emit
 
 from omni_ros.eval.replay import Replayer
 from omni_ros.eval.synthetic import SyntheticSpec, write_synthetic_bag
@@ -108,10 +108,7 @@ def main() -> int:
         for name in args.presets:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             report["presets"][name] = bench_preset(name, bag, spec, args.every)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

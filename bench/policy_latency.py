@@ -12,7 +12,6 @@ peak RSS. Everything is measured in one process, one preset after the other.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import resource
 import statistics
@@ -22,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from report import emit
 
 from omni_ros.policy.model import count_parameters
 from omni_ros.policy.torch_policy import TorchPolicy
@@ -132,11 +132,7 @@ def main() -> int:
             "small_1cam_under_300ms": small["infer_1cam"]["median_ms"] < 300,
             "small_2cam_under_400ms": small["infer_2cam"]["median_ms"] < 400,
         }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(report, args.out)
     return 0
 
 

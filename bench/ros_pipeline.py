@@ -15,7 +15,6 @@ which is where chunk boundaries would show.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from report import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,10 +145,7 @@ def main() -> int:
             "small_rate_within_2pct": all(c["command_rate_error_pct"] <= 2.0 for c in small),
             "small_jitter_p95_under_5ms": all(c["tick_jitter_ms_p95"] < 5.0 for c in small),
         }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

@@ -19,13 +19,14 @@ Medians over repeats; the machine is shared, so compare within one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from report import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -189,10 +190,7 @@ def main() -> int:
     if not args.skip_node:
         # Each engine's node in its own process, measured one after the other.
         result["node"] = {e: bench_node(e, args.node_repeats) for e in args.engines}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 

@@ -243,3 +243,61 @@ def test_collect_train_eval_end_to_end(tmp_path, python, root):
     assert (tmp_path / "v.gif").stat().st_size > 0
     bad = cli("train", "--data", tmp_path / "nothing", "--out", tmp_path / "x", "--steps", 1)
     assert bad.returncode == 2 and "no meta.json" in bad.stderr
+
+
+def test_train_config_overrides_preset_fields():
+    from omni_ros.config import ConfigError
+    from omni_ros.train.loop import _model_config
+
+    cfg = _model_config(TrainConfig(preset="demo", model={"vision": {"image_size": 64}, "num_steps": 3}))
+    assert cfg.vision.image_size == 64 and cfg.num_steps == 3
+    assert cfg.vision.patch_size == preset("demo").vision.patch_size, "untouched nested fields keep the preset's"
+    with pytest.raises((ConfigError, ValueError), match="imag_size"):
+        _model_config(TrainConfig(preset="demo", model={"vision": {"imag_size": 64}}))
+
+
+def test_collected_goals_are_the_poses_the_expert_reaches(tiny_data):
+    path, _, _ = tiny_data
+    from omni_ros.sim.collect import make_env
+
+    samples = list(iter_samples(path))
+    assert all(s.goal is not None and s.goal.shape == (3,) for s in samples)
+    env, _ = make_env(SimConfig(), CollectOptions())
+    for s in samples[:: max(1, len(samples) // 8)]:
+        env.reset(s.episode)
+        tip = env.arm.end_effector(np.asarray(s.goal, dtype=np.float64))
+        np.testing.assert_allclose(tip, env.scene.block(s.target).xy, atol=1e-4)
+    assert load_tiles([path], preset("demo")).goals.shape == (len(samples), 3)
+
+
+def test_goal_head_loss_is_added_and_learned(tiny_data):
+    from omni_ros.policy.inputs import fit_norm_stats
+    from omni_ros.policy.model import Pi0Model
+    from omni_ros.policy.train import Trainer
+
+    path, _, _ = tiny_data
+    cfg = preset("demo")
+    data = load_tiles([path], cfg)
+    stats = fit_norm_stats(cfg, data.states, data.actions)
+    torch.manual_seed(0)
+    model = Pi0Model(cfg)
+    trainer = Trainer(model, stats, lr=3e-3, seed=0, goal_weight=1.0)
+    idx = np.arange(16)
+    batch = trainer.batch(data.observations(idx), data.actions[idx], data.goals[idx])
+    assert batch["goal"].shape == (16, 3)
+
+    def losses():
+        with torch.no_grad():
+            kw = {k: v for k, v in batch.items() if k != "goal"}
+            plain = float(model.loss(**kw, generator=torch.Generator().manual_seed(1)))
+            both = float(model.loss(**batch, goal_weight=1.0, generator=torch.Generator().manual_seed(1)))
+        return plain, both - plain
+
+    _, goal_before = losses()
+    assert goal_before > 0.1, "the goal term adds to the flow-matching loss"
+    for _ in range(60):
+        trainer.step(batch)
+    assert losses()[1] < 0.3 * goal_before
+    # The head is training-only: inference reads the action tokens alone.
+    with pytest.raises(ValueError, match="goal head"):
+        Trainer(Pi0Model(preset("tiny")), stats, goal_weight=1.0)

@@ -287,3 +287,32 @@ def test_cli_exports_8da4w_and_reports_delegation(root, tmp_path):
     got = Runtime.get().load_program(out).load_method("encode_images").execute(list(images))[0]
     relative = ((got - expected).norm() / expected.norm()).item()
     assert 0 < relative < 0.1, relative  # 4-bit weights: visibly quantized, still the same features
+
+
+def test_prompt_conditioned_encoder_with_keypoints_exports_and_matches(tmp_path):
+    """vision.film + vision.keypoints (the demo's encoder): encode_images takes the prompt too, same outputs."""
+    from omni_ros.export.exporter import export_policy
+    from omni_ros.policy.model_config import VisionConfig
+    from omni_ros.policy.normalize import NormStats
+
+    vision = VisionConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, keypoints=3)
+    vision.film = True
+    cfg = preset("tiny", **ARM)
+    cfg.vision = vision
+    cfg.tokenizer.kind, cfg.tokenizer.vocab = "words", ["pick", "up", "block"]
+    torch.manual_seed(0)
+    model = Pi0Model(cfg).eval()
+    with torch.no_grad():  # a FiLM that really changes the features
+        model.vision.film.weight.normal_(0, 0.5)
+    stats = NormStats.identity(3, 3)
+    pte = tmp_path / "film.pte"
+    export_policy(model, stats, pte, methods=("encode_images", "prefill", "denoise_step"))
+    sig = read_sidecar(pte).methods["encode_images"]
+    assert [s.name for s in sig.inputs] == ["images", "tokens", "token_mask"]
+    reference = TorchPolicy(model, stats, seed=3)
+    policy = ExecuTorchPolicy(pte, mode="staged", seed=3)
+    obs = _obs(0)
+    np.testing.assert_allclose(policy.infer(obs)["actions"], reference.infer(obs)["actions"], rtol=0, atol=TOL)
+    # The prompt reaches the image tokens: another prompt, other actions.
+    other = dict(obs, prompt="block")
+    assert np.abs(policy.infer(other)["actions"] - policy.infer(obs)["actions"]).max() > 1e-3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -251,3 +252,44 @@ def test_training_step_reduces_loss():
     losses = [trainer.step(batch) for _ in range(60)]
     after = eval_loss()
     assert after < 0.6 * before, (before, after, losses)
+
+
+def test_spatial_keypoints_find_where_a_feature_fires():
+    from omni_ros.policy.vision import SpatialKeypoints
+
+    side, width = 6, 8
+    kp = SpatialKeypoints(width, side, keypoints=2, out_width=4)
+    with torch.no_grad():
+        kp.logits.weight.zero_()
+        kp.logits.bias.zero_()
+        kp.logits.weight[0, 0] = 50.0  # keypoint 0 follows feature 0; keypoint 1 sees nothing (uniform)
+    x = torch.zeros(1, side * side, width)
+    row, col = 1, 4
+    x[0, row * side + col, 0] = 1.0
+    weights = torch.softmax(kp.logits(x), dim=1)
+    points = weights.transpose(1, 2) @ kp.grid
+    axis = torch.linspace(-1, 1, side)
+    torch.testing.assert_close(points[0, 0], torch.stack([axis[col], axis[row]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(points[0, 1], torch.zeros(2), atol=1e-5, rtol=0)
+    assert kp(x).shape == (1, 2, 4)
+
+
+def test_keypoint_tokens_extend_each_camera():
+    cfg = preset("demo")
+    assert cfg.vision.keypoints > 0
+    model = Pi0Model(cfg).eval()
+    images = torch.rand(2, len(cfg.camera_names), 3, cfg.vision.image_size, cfg.vision.image_size) * 2 - 1
+    prompt = torch.randint(0, cfg.vocab_size, (2, cfg.tokenizer.max_tokens))
+    mask = torch.ones_like(prompt, dtype=torch.bool)
+    with torch.no_grad():
+        tokens = model.encode_images(images, prompt, mask)
+        assert tokens.shape[1] == len(cfg.camera_names) * cfg.vision.num_tokens
+        assert cfg.vision.num_tokens == cfg.vision.keypoints, "the demo's cameras are keypoints only"
+        assert cfg.prefix_len == tokens.shape[1] + cfg.tokenizer.max_tokens
+        # FiLM: the prompt changes the image tokens; without one a prompt-conditioned encoder refuses to run.
+        other = model.encode_images(images, (prompt + 1) % cfg.vocab_size, mask)
+        assert (other - tokens).abs().max() > 1e-4
+        with pytest.raises(ValueError, match="prompt tokens"):
+            model.encode_images(images)
+    both = dataclasses.replace(cfg.vision, keypoints_only=False)
+    assert both.num_tokens == both.grid_tokens + both.keypoints

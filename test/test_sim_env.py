@@ -170,6 +170,29 @@ def test_success_criterion_is_distance_to_the_prompted_block(env):
     assert not env.success()
 
 
+def test_success_needs_the_tip_to_stay_on_the_block(env):
+    env.reset(2)
+    block = np.array(env.scene.block(env.task.target).xy)
+    on = solve_ik(env.arm, block, env.home)
+    off = solve_ik(env.arm, block * (1 + 3 * env.config.success_radius / np.linalg.norm(block)), env.home)
+    hold = env.config.success_hold_s
+    # Sweeping past: on the block for less than the hold time, then off again.
+    env.arm.reset(on)
+    env.command(on)
+    env.step(hold / 2)
+    env.arm.reset(off)
+    env.command(off)
+    env.step(0.02)
+    assert env.succeeded_at is None
+    # Settling: success once the tip has stayed on the block for the hold time.
+    env.arm.reset(on)
+    env.command(on)
+    start = env.time
+    while env.succeeded_at is None and env.time < start + 2 * hold:
+        env.step(0.02)
+    assert env.succeeded_at == pytest.approx(start + hold, abs=0.021)
+
+
 def test_invalid_sim_settings_are_refused():
     with pytest.raises(ValueError, match="link_lengths has 2 values for 3 joints"):
         SimEnv(SimConfig(link_lengths=[0.3, 0.3]))

@@ -152,6 +152,12 @@ class ExecuTorchPolicy(BasePolicy):
             return torch.randn((1, *shape))
         return torch.randn(shape, generator=torch.Generator().manual_seed(self.seed))[None]
 
+    def encode_inputs(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Inputs of `encode_images`: the images, and the prompt when the encoder is prompt-conditioned."""
+        if self.cfg.vision.film:
+            return [inputs["images"], inputs["tokens"], inputs["token_mask"]]
+        return [inputs["images"]]
+
     def sample(self, inputs: dict[str, torch.Tensor], noise: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
         """Normalized actions (1, H, D) for model inputs of batch 1, and the stage boundary timestamps."""
         stamps: list[float] = []
@@ -162,7 +168,7 @@ class ExecuTorchPolicy(BasePolicy):
             args = [inputs["images"], masks, inputs["tokens"], token_mask, inputs["state"], noise]
             actions = self._run("sample", args)[0]
             return actions.clone(), [begin, begin, time.perf_counter()]
-        image_tokens = self._run("encode_images", [inputs["images"]])[0]
+        image_tokens = self._run("encode_images", self.encode_inputs(inputs))[0]
         stamps.append(time.perf_counter())
         # The prefix KV cache: computed once, read by every denoising step below.
         cache = self._run("prefill", [image_tokens, masks, inputs["tokens"], token_mask])

@@ -1,6 +1,6 @@
 """The policy's stages as separate `nn.Module`s with flat tensor signatures, one per `.pte` method.
 
-    encode_images(images)                                   -> image_tokens
+    encode_images(images [, tokens, token_mask])            -> image_tokens   (the prompt only with vision.film)
     prefill(image_tokens, image_masks, tokens, token_mask)  -> k_0, v_0, k_1, v_1, ...   (the prefix KV cache)
     denoise_step(prefix_mask, state, x_t, t, k_0, v_0, ...) -> velocity
     sample(images, image_masks, tokens, token_mask, state, noise) -> actions   (the whole Euler loop, fused)
@@ -68,8 +68,8 @@ class EncodeImages(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model.encode_images(images)
+    def forward(self, images: torch.Tensor, *prompt: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_images(images, *prompt)
 
 
 class Prefill(nn.Module):
@@ -129,7 +129,9 @@ def signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignature]:
     chunk = (batch, cfg.action_horizon, cfg.action_dim)
     image_tokens = TensorSpec("image_tokens", (batch, c * v, w), "float32")
     specs = [
-        MethodSignature("encode_images", (images,), (image_tokens,)),
+        MethodSignature(
+            "encode_images", (images, tokens, token_mask) if cfg.vision.film else (images,), (image_tokens,)
+        ),
         MethodSignature("prefill", (image_tokens, image_masks, tokens, token_mask), kv),
         MethodSignature(
             "denoise_step",

@@ -130,7 +130,8 @@ def calibration_inputs(model: Pi0Model, methods: list[str] | tuple[str, ...], sa
             token_mask[:, : 1 + int(torch.randint(1, tokens.shape[1], (1,), generator=gen))] = True
             state = torch.randn(sigs["denoise_step"].inputs[1].shape, generator=gen)
             noise = torch.randn(sigs["sample"].inputs[-1].shape, generator=gen)
-            image_tokens = encode(images)
+            prompt = (tokens, token_mask) if cfg.vision.film else ()
+            image_tokens = encode(images, *prompt)
             kv = prefill(image_tokens, masks, tokens, token_mask)
             prefix_mask = torch.cat([masks.repeat_interleave(cfg.vision.num_tokens, dim=1), token_mask], dim=1)
             steps: list[tuple[torch.Tensor, ...]] = []
@@ -141,7 +142,7 @@ def calibration_inputs(model: Pi0Model, methods: list[str] | tuple[str, ...], sa
 
             euler_sample(velocity, noise, cfg.num_steps)
             recorded = {
-                "encode_images": [(images,)],
+                "encode_images": [(images, *prompt)],
                 "prefill": [(image_tokens, masks, tokens, token_mask)],
                 "denoise_step": steps,
                 "sample": [(images, masks, tokens, token_mask, state, noise)],

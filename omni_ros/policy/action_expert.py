@@ -47,6 +47,7 @@ class ActionExpert(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(e, cfg.norm_eps) for _ in range(e.depth))
         self.final_norm = RMSNorm(e.width, cfg.norm_eps)
         self.action_out_proj = nn.Linear(e.width, cfg.action_dim)
+        self.goal_out_proj = nn.Linear(e.width, cfg.action_dim) if cfg.goal_head else None
         self.layer_map = expert_layer_map(cfg.backbone.depth, e.depth)
         # Suffix self-attention: the state token (row 0) cannot see the actions.
         suffix_mask = torch.ones(1 + self.horizon, 1 + self.horizon, dtype=torch.bool)
@@ -57,6 +58,18 @@ class ActionExpert(nn.Module):
         self, cache: KVCache, prefix_mask: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
     ) -> torch.Tensor:
         """Velocity (B, H, action_dim) at noisy actions x_t (B, H, action_dim), times t (B,)."""
+        return self.action_out_proj(self.suffix(cache, prefix_mask, state, x_t, t)[:, 1:])
+
+    def goal(self, suffix: torch.Tensor) -> torch.Tensor:
+        """The goal head's prediction (B, action_dim) from the state token of `suffix` (training only)."""
+        if self.goal_out_proj is None:
+            raise RuntimeError("this model has no goal head (ModelConfig.goal_head is false)")
+        return self.goal_out_proj(suffix[:, 0])
+
+    def suffix(
+        self, cache: KVCache, prefix_mask: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor:
+        """Final normalized hidden states (B, 1 + H, width) of [state token, action tokens]."""
         b = x_t.shape[0]
         actions = self.action_in_proj(x_t)
         time = time_embedding(t, actions.shape[-1]).to(actions.dtype)
@@ -83,4 +96,4 @@ class ActionExpert(nn.Module):
             prefix_k, prefix_v = cache[source]
             keys, values = torch.cat([prefix_k, k], dim=2), torch.cat([prefix_v, v], dim=2)
             x = layer.finish(x, attention(q, keys, values, mask, self.export_form))
-        return self.action_out_proj(self.final_norm(x[:, 1:]))
+        return self.final_norm(x)

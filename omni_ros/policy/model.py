@@ -27,22 +27,40 @@ class Pi0Model(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.vision = VisionEncoder(cfg.vision, cfg.backbone.width)
+        self.vision = VisionEncoder(cfg.vision, cfg.backbone.width, condition_width=cfg.backbone.width)
         self.backbone = Backbone(cfg.backbone, cfg.vocab_size, cfg.norm_eps, cfg.rope_theta)
         self.expert = ActionExpert(cfg)
         self.apply(_init_weights)
+        self.vision.reset_conditioning()
 
-    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        """images (B, cameras, 3, S, S) in [-1, 1] -> tokens (B, cameras * tokens_per_camera, W)."""
+    def encode_images(
+        self, images: torch.Tensor, tokens: torch.Tensor | None = None, token_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """images (B, cameras, 3, S, S) in [-1, 1] -> tokens (B, cameras * tokens_per_camera, W).
+
+        A prompt-conditioned encoder (vision.film) also needs the prompt's tokens and mask (B, T).
+        """
         b, c = images.shape[:2]
-        tokens = self.vision(images.flatten(0, 1))
-        return tokens.reshape(b, c * tokens.shape[1], tokens.shape[2])
+        condition = None
+        if self.cfg.vision.film:
+            if tokens is None or token_mask is None:
+                raise ValueError("vision.film: encode_images needs the prompt tokens and token_mask")
+            condition = self.prompt_condition(tokens, token_mask, images.dtype)
+            condition = condition.repeat_interleave(c, dim=0)
+        image_tokens = self.vision(images.flatten(0, 1), condition)
+        return image_tokens.reshape(b, c * image_tokens.shape[1], image_tokens.shape[2])
+
+    def prompt_condition(self, tokens: torch.Tensor, token_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Mean embedding (B, W) of the valid prompt tokens: what a FiLM vision encoder is conditioned on."""
+        weights = token_mask.to(dtype).unsqueeze(-1)
+        embedded = self.backbone.embed_text(tokens).to(dtype)
+        return (embedded * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
     def embed_prefix(
         self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor, token_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefix embeddings [image tokens, prompt tokens] (B, P, W) and their validity mask (B, P)."""
-        image_tokens = self.encode_images(images)
+        image_tokens = self.encode_images(images, tokens, token_mask)
         per_camera = image_tokens.shape[1] // images.shape[1]
         image_token_mask = image_masks.repeat_interleave(per_camera, dim=1)
         prefix = torch.cat([image_tokens, self.backbone.embed_text(tokens).to(image_tokens.dtype)], dim=1)
@@ -92,14 +110,23 @@ class Pi0Model(nn.Module):
         state: torch.Tensor,
         actions: torch.Tensor,
         generator: torch.Generator | None = None,
+        goal: torch.Tensor | None = None,
+        goal_weight: float = 0.0,
     ) -> torch.Tensor:
-        """Flow-matching loss: MSE between predicted and target velocity at random times."""
+        """Flow-matching loss: MSE between predicted and target velocity at random times.
+
+        With a goal head, `goal_weight` * MSE of its prediction against `goal` (B, action_dim) is added.
+        """
         noise = torch.randn(actions.shape, generator=generator, device=actions.device, dtype=actions.dtype)
         t = sample_time(actions.shape[0], generator, actions.device).to(actions.dtype)
         x_t, target = noisy_actions(actions, noise, t)
         prefix, prefix_mask = self.embed_prefix(images, image_masks, tokens, token_mask)
-        velocity = self.denoise_step(self.prefill(prefix, prefix_mask), prefix_mask, state, x_t, t)
-        return F.mse_loss(velocity.float(), target.float())
+        suffix = self.expert.suffix(self.prefill(prefix, prefix_mask), prefix_mask, state, x_t, t)
+        velocity = self.expert.action_out_proj(suffix[:, 1:])
+        loss = F.mse_loss(velocity.float(), target.float())
+        if goal is not None and goal_weight > 0:
+            loss = loss + goal_weight * F.mse_loss(self.expert.goal(suffix).float(), goal.float())
+        return loss
 
 
 def _init_weights(module: nn.Module) -> None:

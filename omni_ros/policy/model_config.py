@@ -24,10 +24,27 @@ class VisionConfig:
     depth: int = 6
     num_heads: int = 6
     mlp_dim: int = 1536
+    # Spatial-softmax keypoints appended to each camera's tokens (0: none). Each is the softmax-weighted mean
+    # position of one learned feature over the patch grid, embedded as a token: an explicit "where" that a
+    # small model trained from scratch reads far more easily than positions buried in patch features.
+    keypoints: int = 0
+    # Emit only the keypoint tokens, not the patch grid: an attention readout over dozens of near-identical
+    # table patches stalls in training, over a handful of keypoints it does not.
+    keypoints_only: bool = False
+    # FiLM the final patch features with the prompt (scale and shift from the mean prompt-token embedding),
+    # as language-conditioned visuomotor policies do: the features, and so the keypoints, can then follow
+    # "the red block" directly. Without it, picking the named block out of the patches by attention alone
+    # stalls for a small model trained from scratch.
+    film: bool = False
+
+    @property
+    def grid_tokens(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
 
     @property
     def num_tokens(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
+        """Tokens per camera: the patch grid (unless keypoints_only), then the keypoints."""
+        return self.keypoints + (0 if self.keypoints_only else self.grid_tokens)
 
 
 @dataclass
@@ -44,11 +61,13 @@ class TransformerConfig:
 
 @dataclass
 class TokenizerConfig:
-    """`bytes` needs no file; `sentencepiece` loads a local .model file."""
+    """`bytes` needs no file; `words` maps whole words of `vocab` to one token each (unknown words share
+    one id); `sentencepiece` loads a local .model file."""
 
     kind: str = "bytes"
     path: str | None = None
     max_tokens: int = 48
+    vocab: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -65,6 +84,11 @@ class ModelConfig:
     # chunk - state and the policy adds the observation's state back, so "hold the current pose" is no longer a
     # shortcut that the absolute targets reward.
     relative_actions: bool = False
+    # Train the expert's state token to also predict the joint positions the chunk heads for (an auxiliary
+    # loss, weighted by the train config's goal_weight). Unused at inference: it only gives the vision and
+    # prompt pathway a direct, low-noise gradient towards "where is the named block", which the noisy
+    # flow-matching target alone teaches slowly.
+    goal_head: bool = False
     vision: VisionConfig = field(default_factory=VisionConfig)
     backbone: TransformerConfig = field(default_factory=TransformerConfig)
     expert: TransformerConfig = field(
@@ -85,10 +109,15 @@ class ModelConfig:
         for part in (b, e):
             if part.num_heads % part.num_kv_heads:
                 raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.vision.keypoints_only and self.vision.keypoints <= 0:
+            raise ValueError("vision.keypoints_only needs vision.keypoints > 0")
         if self.vision.image_size % self.vision.patch_size:
             raise ValueError("vision.image_size must be a multiple of vision.patch_size")
         if not self.camera_names:
             raise ValueError("at least one camera is needed")
+        if self.tokenizer.kind == "words" and self.vocab_size < len(self.tokenizer.vocab) + 4:
+            words = len(self.tokenizer.vocab)
+            raise ValueError(f"vocab_size {self.vocab_size} is too small for {words} words + 4 special tokens")
 
     def observation_spec(self) -> ObservationSpec:
         """What a policy of this architecture consumes (the first camera is required, others may be masked)."""
@@ -123,6 +152,13 @@ class ModelConfig:
         return from_dict(cls, data, source=source)
 
 
+# Every word of the simulator's prompts (omni_ros.sim.task); anything else maps to the unknown token.
+DEMO_VOCABULARY = (
+    *("reach", "touch", "move", "go", "put", "point", "at", "to", "on", "the", "gripper", "block", "cube"),
+    *("red", "green", "blue", "yellow", "purple", "orange", "cyan"),
+)
+
+
 def _tiny() -> ModelConfig:
     return ModelConfig(
         name="tiny",
@@ -137,7 +173,8 @@ def _tiny() -> ModelConfig:
 
 def _demo() -> ModelConfig:
     # The built-in demo (checkpoints/demo): the simulated 3-joint arm, sized to train on a 2-core CPU in
-    # about 20 minutes. 80 px tiles keep a 5 cm block a few pixels wide in the top-down view.
+    # about 20 minutes. 48 px tiles in 8 px patches keep a 5 cm block about two pixels wide in the top-down
+    # view and give 36 tokens per camera; one token per prompt word (the color is one token).
     return ModelConfig(
         name="demo",
         camera_names=["base", "wrist"],
@@ -147,10 +184,22 @@ def _demo() -> ModelConfig:
         action_dt=0.05,
         num_steps=5,
         relative_actions=True,
-        vision=VisionConfig(image_size=48, patch_size=16, width=64, depth=2, num_heads=2, mlp_dim=128),
+        goal_head=True,
+        vision=VisionConfig(
+            image_size=48,
+            patch_size=8,
+            width=64,
+            depth=2,
+            num_heads=2,
+            mlp_dim=128,
+            keypoints=16,
+            keypoints_only=True,
+            film=True,
+        ),
         backbone=TransformerConfig(width=128, depth=2, num_heads=4, num_kv_heads=1, head_dim=32, mlp_dim=256),
         expert=TransformerConfig(width=64, depth=2, num_heads=2, num_kv_heads=1, head_dim=32, mlp_dim=128),
-        tokenizer=TokenizerConfig(max_tokens=40),
+        tokenizer=TokenizerConfig(kind="words", max_tokens=12, vocab=list(DEMO_VOCABULARY)),
+        vocab_size=32,
     )
 
 

@@ -26,20 +26,28 @@ class Trainer:
         grad_clip: float = 1.0,
         seed: int = 0,
         tokenizer: Tokenizer | None = None,
+        goal_weight: float = 0.0,
     ) -> None:
         self.model = model.train()
         self.norm_stats = norm_stats
         self.tokenizer = tokenizer or make_tokenizer(model.cfg.tokenizer)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
         self.grad_clip = grad_clip
+        if goal_weight > 0 and not model.cfg.goal_head:
+            raise ValueError("goal_weight > 0 needs a model with a goal head (ModelConfig.goal_head: true)")
+        self.goal_weight = goal_weight
         # Flow-matching noise is drawn on the model's device, so the generator must live there too.
         self.generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
         self.steps = 0
 
-    def batch(self, observations: Sequence[Observation], actions: np.ndarray) -> dict[str, torch.Tensor]:
+    def batch(
+        self, observations: Sequence[Observation], actions: np.ndarray, goals: np.ndarray | None = None
+    ) -> dict[str, torch.Tensor]:
         """Tensors for validated observations and their (B, H, action_dim) action chunks in robot units.
 
         Relative targets use the observations' states as given (noise included), as the model sees them.
+        `goals` (B, action_dim), the joint positions each chunk heads for, are the goal head's targets, in the
+        same normalized (and, if so configured, relative) units as the actions.
         """
         device = next(self.model.parameters()).device
         cfg = self.model.cfg
@@ -47,11 +55,14 @@ class Trainer:
         states = np.stack([o.state for o in observations])
         targets = action_targets(cfg, self.norm_stats, np.asarray(actions, dtype=np.float32), states)
         inputs["actions"] = torch.from_numpy(targets).to(device)
+        if goals is not None and self.goal_weight > 0:
+            goal = action_targets(cfg, self.norm_stats, np.asarray(goals, dtype=np.float32)[:, None, :], states)
+            inputs["goal"] = torch.from_numpy(goal[:, 0]).to(device)
         return inputs
 
     def step(self, batch: dict[str, torch.Tensor]) -> float:
         self.model.train()
-        loss = self.model.loss(**batch, generator=self.generator)
+        loss = self.model.loss(**batch, generator=self.generator, goal_weight=self.goal_weight)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.grad_clip > 0:

@@ -38,22 +38,76 @@ class VitBlock(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 
 
+class SpatialKeypoints(nn.Module):
+    """K keypoint tokens from a patch grid: per learned feature, a softmax over the grid gives weights whose
+    mean grid position (x, y in [-1, 1], sub-patch precise) is embedded, plus a per-keypoint identity."""
+
+    def __init__(self, width: int, side: int, keypoints: int, out_width: int) -> None:
+        super().__init__()
+        self.logits = nn.Linear(width, keypoints)
+        axis = torch.linspace(-1.0, 1.0, side)
+        yy, xx = torch.meshgrid(axis, axis, indexing="ij")
+        self.register_buffer("grid", torch.stack([xx.flatten(), yy.flatten()], dim=-1), persistent=False)
+        self.embed = nn.Linear(2, out_width)
+        self.identity = nn.Parameter(torch.randn(1, keypoints, out_width) * 0.02)
+
+    def reset_parameters(self) -> None:
+        """PyTorch's default (fan-in) init, not the transformer's N(0, 0.02): with that, the softmax over the
+        grid starts uniform and the coordinates barely reach the token, and training stalls (measured)."""
+        self.logits.reset_parameters()
+        self.embed.reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Grid features (N, side * side, width) -> keypoint tokens (N, K, out_width)."""
+        weights = torch.softmax(self.logits(x).float(), dim=1).to(x.dtype)  # over the grid
+        points = torch.matmul(weights.transpose(1, 2), self.grid.to(x.dtype))  # (N, K, 2)
+        return self.embed(points) + self.identity
+
+
 class VisionEncoder(nn.Module):
-    """Patch embedding + learned positions + pre-norm blocks + projection to `out_width`."""
+    """Patch embedding + learned positions + pre-norm blocks + projection to `out_width` (+ keypoint tokens)."""
 
     export_form = False
 
-    def __init__(self, cfg: VisionConfig, out_width: int) -> None:
+    def __init__(self, cfg: VisionConfig, out_width: int, condition_width: int = 0) -> None:
         super().__init__()
         self.patch_embed = nn.Conv2d(3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
-        self.pos_embed = nn.Parameter(torch.randn(1, cfg.num_tokens, cfg.width) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(1, cfg.grid_tokens, cfg.width) * 0.02)
         self.blocks = nn.ModuleList(VitBlock(cfg) for _ in range(cfg.depth))
         self.norm = nn.LayerNorm(cfg.width, eps=1e-6)
         self.proj = nn.Linear(cfg.width, out_width)
+        side = cfg.image_size // cfg.patch_size
+        self.keypoints = SpatialKeypoints(cfg.width, side, cfg.keypoints, out_width) if cfg.keypoints else None
+        self.film = None
+        if cfg.film:
+            if condition_width <= 0:
+                raise ValueError("vision.film needs the width of the prompt condition")
+            self.film = nn.Linear(condition_width, 2 * cfg.width)
+        self.keypoints_only = cfg.keypoints_only
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """images (N, 3, S, S) in [-1, 1] -> tokens (N, num_tokens, out_width)."""
+    def reset_conditioning(self) -> None:
+        """Fan-in init for the keypoints and the FiLM (called after the model-wide N(0, 0.02) init)."""
+        if self.keypoints is not None:
+            self.keypoints.reset_parameters()
+        if self.film is not None:
+            self.film.reset_parameters()
+
+    def forward(self, images: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
+        """images (N, 3, S, S) in [-1, 1] (+ condition (N, condition_width) with FiLM) -> tokens (N, num_tokens,
+        out_width)."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2) + self.pos_embed
         for block in self.blocks:
             x = block(x)
-        return self.proj(layer_norm(self.norm, x, self.export_form))
+        x = layer_norm(self.norm, x, self.export_form)
+        if self.film is not None:
+            if condition is None:
+                raise ValueError("this vision encoder is prompt-conditioned (vision.film): pass the condition")
+            # Normalized, so that the modulation's strength does not depend on the embedding scale.
+            condition = F.layer_norm(condition, condition.shape[-1:])
+            scale, shift = self.film(condition).chunk(2, dim=-1)
+            x = x * (1.0 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+        if self.keypoints is None:
+            return self.proj(x)
+        if self.keypoints_only:
+            return self.keypoints(x)
+        return torch.cat([self.proj(x), self.keypoints(x)], dim=1)

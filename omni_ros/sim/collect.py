@@ -78,6 +78,7 @@ def collect_episode(
                 episode=seed,
                 target=env.task.target,
                 time=env.time,
+                goal=expert.goal(goal).astype(np.float32),
             )
         )
         if driver is not None and rng.random() < options.driver_prob:

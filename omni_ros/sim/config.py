@@ -38,6 +38,8 @@ class SimConfig:
     block_size: float = 0.05
     # The episode succeeds when the gripper tip is this close to the prompted block's centre.
     success_radius: float = 0.04
+    # ... and stays that close for this long (s): reaching means settling on the block, not sweeping past it.
+    success_hold_s: float = 0.3
     episode_time_s: float = 10.0
     # The ROS node starts the next episode this long after a success or time-out; 0 waits for the reset service.
     auto_reset_s: float = 3.0

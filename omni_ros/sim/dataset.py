@@ -3,7 +3,7 @@
     DIR/meta.json          what was collected and how (cameras, chunk horizon and dt, sim config, counts)
     DIR/shard_00000.npz    samples: images_<camera> (N, H, W, 3) uint8 as the camera saw them,
                            state (N, D), actions (N, horizon, D) expert chunk, prompt (N,), episode (N,),
-                           target (N,), time (N,)
+                           target (N,), time (N,), goal (N, D) joint positions the expert heads for
 
 Plain numpy arrays only (no pickles), so a dataset can be read anywhere. A
 sample is one observation the way `Policy.infer` takes it and the chunk the
@@ -41,6 +41,8 @@ class Sample:
     episode: int
     target: str
     time: float
+    # Joint positions the expert's chunks head for (the prompted block's pose); an auxiliary training target.
+    goal: np.ndarray | None = None
 
     def observation(self) -> dict[str, Any]:
         return {"images": self.images, "state": self.state, "prompt": self.prompt}
@@ -104,6 +106,8 @@ class DatasetWriter:
         arrays["target"] = np.array([s.target for s in self._buffer])
         arrays["episode"] = np.array([s.episode for s in self._buffer], dtype=np.int64)
         arrays["time"] = np.array([s.time for s in self._buffer], dtype=np.float32)
+        if all(s.goal is not None for s in self._buffer):
+            arrays["goal"] = np.stack([s.goal for s in self._buffer]).astype(np.float32)
         # Write under a temporary name, then rename: a shard listed in meta.json is always complete.
         tmp = self.out / (name + ".tmp.npz")
         np.savez_compressed(tmp, **arrays)
@@ -161,6 +165,7 @@ def iter_samples(path: str | Path) -> Iterator[Sample]:
                 episode=int(shard["episode"][i]),
                 target=str(shard["target"][i]),
                 time=float(shard["time"][i]),
+                goal=shard["goal"][i] if "goal" in shard else None,
             )
 
 

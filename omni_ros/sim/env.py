@@ -64,6 +64,7 @@ class SimEnv:
         self.task: Task | None = None
         self.episode: EpisodeInfo | None = None
         self.succeeded_at: float | None = None
+        self._on_target_since: float | None = None
 
     def reset(self, seed: int | None = None, target: str | None = None, prompt: str | None = None) -> dict[str, Any]:
         """Start an episode: new layout and start pose from `seed`, then the target (pinned or random).
@@ -81,6 +82,7 @@ class SimEnv:
         self.episode = EpisodeInfo(seed, self.task.target, self.task.prompt, tuple(self.scene.colors))
         self.time = 0.0
         self.succeeded_at = None
+        self._on_target_since = None
         return self.observe()
 
     def command(self, positions: Sequence[float]) -> None:
@@ -97,10 +99,18 @@ class SimEnv:
             self.arm.step(h)
             remaining -= h
         self.time += float(dt)
-        if self.succeeded_at is None and self.success():
+        if self.succeeded_at is not None:
+            return
+        if not self.success():
+            self._on_target_since = None
+            return
+        if self._on_target_since is None:
+            self._on_target_since = self.time - float(dt)
+        if self.time - self._on_target_since >= self.config.success_hold_s - 1e-9:
             self.succeeded_at = self.time
 
     def success(self) -> bool:
+        """The tool point is on the prompted block now (the episode succeeds once it stays there)."""
         return self.task is not None and self.task.success(self.scene, self.arm.end_effector())
 
     def distance_to_target(self) -> float:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -11,6 +12,8 @@ class TrainConfig:
 
     # Architecture of a fresh model (omni_ros.policy.model_config.PRESETS) ...
     preset: str = "demo"
+    # Fields of the preset to change, nested as in a checkpoint's config.json (e.g. {vision: {image_size: 64}}).
+    model: dict[str, Any] = field(default_factory=dict)
     # ... or start from the weights of this checkpoint (fine-tuning); its architecture wins.
     init_checkpoint: str | None = None
     steps: int = 6000
@@ -25,6 +28,8 @@ class TrainConfig:
     # U(0, state_noise) (robot units). The labels stay exact, so the model must read the arm's pose and
     # the goal from the cameras instead of extrapolating the state alone (the "copycat" shortcut).
     state_noise: float = 0.0
+    # Weight of the goal head's loss (needs a model with goal_head and data with goals; 0: off).
+    goal_weight: float = 0.0
     # Seeds the weights, the batch order and the flow-matching noise.
     seed: int = 0
     device: str = "cpu"

@@ -26,6 +26,7 @@ class TileDataset:
     actions: np.ndarray  # (N, horizon, action_dim) float32
     prompts: list[str]
     episodes: np.ndarray  # (N,) int64
+    goals: np.ndarray | None = None  # (N, action_dim) float32, when every dataset recorded them
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -48,7 +49,7 @@ def load_tiles(
     """Load one or more dataset folders for a model of config `cfg` (chunks cut to its horizon)."""
     spec = ObservationSpec(tuple(cfg.camera_names), cfg.state_dim, cfg.vision.image_size)
     tiles: dict[str, list[np.ndarray]] = {c: [] for c in cfg.camera_names}
-    states, actions, prompts, episodes = [], [], [], []
+    states, actions, prompts, episodes, goals = [], [], [], [], []
     metas = [read_meta(p) for p in paths]
     for meta in metas:
         check_fits(meta, cfg.camera_names, cfg.state_dim, cfg.action_dim, cfg.action_horizon, cfg.action_dt)
@@ -69,6 +70,7 @@ def load_tiles(
                 prompts.append(obs.prompt)
             actions.append(shard["actions"][:, : cfg.action_horizon])
             episodes.append(shard["episode"])
+            goals.append(shard.get("goal"))
             done += 1
             if on_shard is not None:
                 on_shard(done, total)
@@ -81,4 +83,5 @@ def load_tiles(
         actions=np.concatenate(actions).astype(np.float32),
         prompts=prompts,
         episodes=np.concatenate(episodes),
+        goals=None if any(g is None for g in goals) else np.concatenate(goals).astype(np.float32),
     )

@@ -63,7 +63,17 @@ def _model_config(cfg: TrainConfig) -> ModelConfig:
         from omni_ros.policy.checkpoint import read_checkpoint_config
 
         return read_checkpoint_config(cfg.init_checkpoint)[0]
-    return preset(cfg.preset)
+    base = preset(cfg.preset)
+    if not cfg.model:
+        return base
+    return ModelConfig.from_dict(_merge(base.to_dict(), cfg.model), source="model (train config)")
+
+
+def _merge(base: dict, overrides: dict) -> dict:
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _fresh_model(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[Pi0Model, NormStats | None]:
@@ -127,8 +137,16 @@ def train(
         norm_stats = norm_stats or fit_norm_stats(model_cfg, dataset.states, dataset.actions)
         saved = None
     model = model.to(device)
+    if cfg.goal_weight > 0 and dataset.goals is None:
+        raise TrainError("goal_weight > 0 needs datasets that recorded goals (collect them again with this version)")
     trainer = Trainer(
-        model, norm_stats, lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, seed=cfg.seed
+        model,
+        norm_stats,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        grad_clip=cfg.grad_clip,
+        seed=cfg.seed,
+        goal_weight=cfg.goal_weight,
     )
     sampler = torch.Generator().manual_seed(cfg.seed + 1)
     if saved is not None:
@@ -176,7 +194,8 @@ def train(
                 noise = (torch.randn(len(idx), dataset.states.shape[1], generator=sampler) * scale).numpy()
                 for obs, n in zip(observations, noise, strict=True):
                     obs.state = obs.state + n.astype(np.float32)
-            batch = trainer.batch(observations, dataset.actions[idx])
+            goals = dataset.goals[idx] if dataset.goals is not None else None
+            batch = trainer.batch(observations, dataset.actions[idx], goals)
             loss = trainer.step(batch)
             if not math.isfinite(loss):
                 raise TrainError(f"loss became {loss} at step {trainer.steps}; lower lr or check the data")
