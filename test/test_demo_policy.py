@@ -71,3 +71,18 @@ def test_demo_reaches_the_prompted_block_where_random_weights_cannot(sim_config,
     assert trained.prompt_following_rate >= 4 / 6, trained.records
     assert chance.success_rate <= 1 / 6 and chance.prompt_following_rate <= 1 / 6
     assert trained.mean_time_to_success < 6.0
+
+
+def test_rosbag_replay_scores_the_demo_far_below_holding_still(root, tmp_path):
+    """Recorded expert episodes replayed through the evaluator: the policy's action error next to the constant
+    baseline (hold the observed joint positions) on the same values."""
+    from omni_ros.eval.evaluate import evaluate as evaluate_bags
+    from omni_ros.eval.record_sim import record_sim
+
+    config = load_config(root / "config" / "eval_sim.yaml")
+    assert config.policy.checkpoint == str(SHIPPED.resolve())
+    record_sim(config, tmp_path / "bag", episodes=2, seed=HELD_OUT_SEED + 700)
+    overall = evaluate_bags([str(tmp_path / "bag")], config, progress=False).document["overall"]
+    hold = overall["baseline_hold"]
+    assert overall["aligned_samples"] > 20 and hold["scored_values"] == overall["scored_values"]
+    assert overall["mae"] < 0.4 * hold["mae"], (overall["mae"], hold["mae"])

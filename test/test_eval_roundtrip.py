@@ -35,6 +35,11 @@ def test_oracle_policy_has_near_zero_error(tmp_path, storage):
     # The oracle's plans are one continuous trajectory: no jump between chunks.
     assert o["chunk_boundary"]["count"] == frames - 1 and o["chunk_boundary"]["max"] < 1e-5
     assert o["latency_ms"]["count"] == frames
+    # Holding the observed joint positions, scored on the same values, is far worse than the oracle.
+    hold = o["baseline_hold"]
+    assert hold["scored_values"] == o["scored_values"]
+    assert hold["mae"] > 100 * max(o["mae"], 1e-6)
+    assert set(hold["mae_per_joint"]) == set(o["mae_per_joint"])
 
 
 def test_oracle_off_grid_times_interpolate_recorded_commands(tmp_path):
@@ -106,5 +111,5 @@ def test_schema_validator_reports_problems(tmp_path):
     errors = validate(broken)
     assert "$.overall: missing key 'mse'" in errors
     assert any(e.startswith("$.episodes[0].instants: expected an integer") for e in errors)
-    assert any(e.startswith("$.schema_version: expected 1") for e in errors)
+    assert any(e.startswith(f"$.schema_version: expected {SCHEMA_VERSION}") for e in errors)
     assert "$.bags[0]: unexpected key 'extra'" in errors

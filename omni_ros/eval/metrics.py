@@ -26,6 +26,8 @@ class Prediction:
     actions: np.ndarray
     dt: float
     latency_s: float
+    # Joint positions observed at t0 (offline replay): the constant "hold still" baseline for this instant.
+    state: np.ndarray | None = None
 
 
 @dataclass
@@ -42,6 +44,9 @@ class Scores:
     samples: int = 0
     boundary: list[float] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)
+    # The constant baseline on the same scored values: absolute-error sums and counts per joint.
+    hold_ab: np.ndarray = None
+    hold_n: np.ndarray = None
 
     def __post_init__(self) -> None:
         for name in ("sq", "ab", "n"):
@@ -50,6 +55,14 @@ class Scores:
         if self.end_sq is None:
             self.end_sq = np.zeros(self.dim)
             self.end_ab = np.zeros(self.dim)
+        if self.hold_ab is None:
+            self.hold_ab = np.zeros(self.dim)
+            self.hold_n = np.zeros(self.dim)
+
+    def add_hold(self, err: np.ndarray, valid: np.ndarray) -> None:
+        """`err` (H, D) held position minus ground truth on the steps `valid` (H,) the prediction was scored."""
+        self.hold_ab += np.abs(np.where(valid[:, None], err, 0.0)).sum(0)
+        self.hold_n += valid.sum()
 
     def _grow(self, horizon: int) -> None:
         if horizon > len(self.sq):
@@ -84,6 +97,8 @@ class Scores:
         self.samples += other.samples
         self.boundary += other.boundary
         self.latency_s += other.latency_s
+        self.hold_ab += other.hold_ab
+        self.hold_n += other.hold_n
 
 
 def score_episode(predictions: Sequence[Prediction], track: Track, dim: int) -> tuple[Scores, list[np.ndarray]]:
@@ -97,6 +112,8 @@ def score_episode(predictions: Sequence[Prediction], track: Track, dim: int) -> 
         truth, valid = track.sample(times)
         masks.append(valid)
         scores.add(pred.actions.astype(np.float64) - truth, valid)
+        if pred.state is not None and np.size(pred.state) == dim:
+            scores.add_hold(np.asarray(pred.state, np.float64)[None, :] - truth, valid)
         scores.latency_s.append(pred.latency_s)
         if previous is not None:
             jump = chunk_boundary_jump(previous, pred)
@@ -172,6 +189,13 @@ def scores_to_dict(scores: Scores, joint_names: Sequence[str]) -> dict[str, Any]
         },
         "chunk_boundary": percentiles(scores.boundary),
         "latency_ms": percentiles(scores.latency_s, 1e3),
+        "baseline_hold": {
+            "scored_values": int(scores.hold_n.sum()),
+            "mae": _num(_mean(scores.hold_ab.sum(), scores.hold_n.sum())),
+            "mae_per_joint": {
+                j: _num(v) for j, v in zip(joint_names, _mean(scores.hold_ab, scores.hold_n), strict=True)
+            },
+        },
     }
 
 

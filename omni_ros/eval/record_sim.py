@@ -23,8 +23,8 @@ import numpy as np
 from omni_ros.config import OmniConfig
 from omni_ros.control.executor import ActionChunkExecutor
 from omni_ros.eval.bagwrite import BagWriter
+from omni_ros.sim.collect import CollectOptions, make_expert
 from omni_ros.sim.env import SimEnv
-from omni_ros.sim.expert import ReachExpert
 from omni_ros.sim.rollout import expert_policy
 
 # Bag time of the first episode (2023-11-14T22:13:20Z): realistic stamps, deterministic output.
@@ -76,7 +76,7 @@ def record_sim(
         base = EPOCH
         for k in range(episodes):
             env.reset(first_seed + k)
-            expert = ReachExpert(env.arm, env.home, horizon=horizon, dt=chunk_dt)
+            expert = make_expert(env, CollectOptions(horizon=horizon, action_dt=chunk_dt))
             policy = expert_policy(env, expert)
             executor = ActionChunkExecutor(len(names), config.control, rate, dry_run=False)
             bag.string(sim.prompt_topic, env.task.prompt, base)

@@ -349,7 +349,8 @@ class Replayer:
             if actions.ndim != 2 or actions.shape[1] != dims or not np.all(np.isfinite(actions)):
                 episode.skipped[f"policy returned an unusable chunk of shape {actions.shape}"] += 1
                 return
-            episode.predictions.append(Prediction(assembled.stamp, now, actions, self.action_dt, latency))
+            state = np.asarray(assembled.obs["state"], dtype=np.float64)
+            episode.predictions.append(Prediction(assembled.stamp, now, actions, self.action_dt, latency, state))
             if not episode.prompt:
                 episode.prompt = assembled.obs["prompt"]
             if now - last_frame_t >= FRAME_EVERY_S and ev.report_frames > 0:

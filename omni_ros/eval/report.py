@@ -41,6 +41,9 @@ def summary_text(doc: dict[str, Any], out_dir: str | Path | None = None) -> str:
         f"first action MAE {_fmt(o['first_action']['mae'])}   end point MAE {_fmt(o['end_point']['mae'])}",
         "MAE per joint: " + "  ".join(f"{j} {_fmt(v, 3)}" for j, v in o["mae_per_joint"].items()),
     ]
+    hold = o["baseline_hold"]
+    if hold["scored_values"]:
+        lines.append(f"constant baseline (hold the observed joint positions): MAE {_fmt(hold['mae'])}")
     steps = o["mae_per_step"]
     if steps:
         picks = sorted({0, len(steps) // 4, len(steps) // 2, len(steps) - 1})

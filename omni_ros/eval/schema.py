@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SCHEMA_NAME = "omni_ros.eval.metrics"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,9 @@ SCORES = {
     # Largest per-joint jump from the previous chunk's plan to the next chunk's first action.
     "chunk_boundary": STATS,
     "latency_ms": STATS,
+    # Version 2: the constant baseline "hold the joint positions observed at the instant", scored on the same
+    # values (offline replay; no values in --realtime mode, which sees no observations).
+    "baseline_hold": {"scored_values": int, "mae": OPT_NUMBER, "mae_per_joint": MapOf(OPT_NUMBER)},
 }
 
 BLOCK = {

@@ -104,11 +104,16 @@ def collect_episode(
 
 def make_env(sim: SimConfig, options: CollectOptions) -> tuple[SimEnv, ReachExpert]:
     env = SimEnv(dataclasses.replace(sim, episode_time_s=options.episode_time_s))
+    return env, make_expert(env, options)
+
+
+def make_expert(env: SimEnv, options: CollectOptions) -> ReachExpert:
+    """The demonstrating expert: reaches with the IK branch of `options.ik_reference` (the arm's home if it does
+    not fit the arm). Recorded bags use the same expert, so a policy is scored against what it was taught."""
     reference = np.asarray(options.ik_reference, dtype=np.float64)
     if reference.shape != (env.arm.n_joints,):
         reference = env.home
-    expert = ReachExpert(env.arm, reference, horizon=options.horizon, dt=options.action_dt)
-    return env, expert
+    return ReachExpert(env.arm, reference, horizon=options.horizon, dt=options.action_dt)
 
 
 def collect(
