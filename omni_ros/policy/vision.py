@@ -75,7 +75,8 @@ class VisionEncoder(nn.Module):
         self.pos_embed = nn.Parameter(torch.randn(1, cfg.grid_tokens, cfg.width) * 0.02)
         self.blocks = nn.ModuleList(VitBlock(cfg) for _ in range(cfg.depth))
         self.norm = nn.LayerNorm(cfg.width, eps=1e-6)
-        self.proj = nn.Linear(cfg.width, out_width)
+        # Keypoint-only encoders emit no patch tokens, so they have no patch projection either.
+        self.proj = None if cfg.keypoints_only else nn.Linear(cfg.width, out_width)
         side = cfg.image_size // cfg.patch_size
         self.keypoints = SpatialKeypoints(cfg.width, side, cfg.keypoints, out_width) if cfg.keypoints else None
         self.film = None
@@ -83,7 +84,6 @@ class VisionEncoder(nn.Module):
             if condition_width <= 0:
                 raise ValueError("vision.film needs the width of the prompt condition")
             self.film = nn.Linear(condition_width, 2 * cfg.width)
-        self.keypoints_only = cfg.keypoints_only
 
     def reset_conditioning(self) -> None:
         """Fan-in init for the keypoints and the FiLM (called after the model-wide N(0, 0.02) init)."""
@@ -108,6 +108,6 @@ class VisionEncoder(nn.Module):
             x = x * (1.0 + scale.unsqueeze(1)) + shift.unsqueeze(1)
         if self.keypoints is None:
             return self.proj(x)
-        if self.keypoints_only:
+        if self.proj is None:
             return self.keypoints(x)
         return torch.cat([self.proj(x), self.keypoints(x)], dim=1)
