@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -31,20 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report import emit
+from common import emit, median_ms
 
 RECIPES = {"xnnpack_fp32": "none", "xnnpack_int8": "int8-dynamic"}
-
-
-def median_ms(fn, runs: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return round(statistics.median(samples), 3)
 
 
 def peak_rss_mb() -> float:

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from report import emit
+from common import emit
 
 from omni_ros.observation import ObservationSpec
 from omni_ros.policy.base import BasePolicy, PolicyMetadata

@@ -13,13 +13,11 @@ region and one thread can be several times faster.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from report import emit
+from common import emit, median_ms
 
 from omni_ros.observation import Observation
 from omni_ros.policy.model import Pi0Model, count_parameters
@@ -47,14 +45,8 @@ def step_ms(threads: int, flush: bool, steps: int, batch: int) -> float:
         for _ in range(batch)
     ]
     inputs = trainer.batch(obs, rng.normal(size=(batch, cfg.action_horizon, 3)).astype(np.float32))
-    for _ in range(3):  # warm-up; Adam moments shrink into denormals after a few steps
-        trainer.step(inputs)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        trainer.step(inputs)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    # Warm-up of 3: Adam moments shrink into denormals after a few steps.
+    return median_ms(lambda: trainer.step(inputs), steps, warmup=3)
 
 
 def infer_ms(runs: int) -> float:
@@ -66,13 +58,7 @@ def infer_ms(runs: int) -> float:
         "state": np.zeros(3, np.float32),
         "prompt": "reach the red block",
     }
-    policy.infer(obs)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        policy.infer(obs)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return median_ms(lambda: policy.infer(obs), runs)
 
 
 def main() -> None:

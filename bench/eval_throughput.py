@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from report import emit
+from common import emit
 
 from omni_ros.eval.replay import Replayer
 from omni_ros.eval.synthetic import SyntheticSpec, write_synthetic_bag

@@ -25,8 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from backends import median_ms
-from report import emit
+from common import emit, median_ms
 
 VARIANTS = {"xnnpack_fp32": "none", "xnnpack_int8": "int8-dynamic"}
 

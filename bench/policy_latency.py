@@ -16,26 +16,18 @@ import platform
 import resource
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
-from report import emit
+from common import emit, timings_ms
 
 from omni_ros.policy.model import count_parameters
 from omni_ros.policy.torch_policy import TorchPolicy
 
 
 def measure(fn: Callable[[], object], runs: int, warmup: int) -> dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    samples.sort()
+    samples = sorted(timings_ms(fn, runs, warmup))
     return {
         "median_ms": round(statistics.median(samples), 3),
         "p95_ms": round(samples[min(len(samples) - 1, round(0.95 * (len(samples) - 1)))], 3),

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from report import emit
+from common import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 

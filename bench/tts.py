@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import emit
+from common import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
