@@ -20,10 +20,11 @@ from omni_ros.policy.model_config import ModelConfig
 
 
 def time_embedding(t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> torch.Tensor:
-    """Sine-cosine embedding (B, dim) of flow-matching times t (B,) in [0, 1]."""
+    """Sine-cosine embedding (B, dim) of flow-matching times t (B,) in [0, 1], or (B, H, dim) of per-token
+    times (B, H) (training-time RTC: a clean action prefix has time 0)."""
     fraction = torch.linspace(0.0, 1.0, dim // 2, device=t.device, dtype=torch.float32)
     period = min_period * (max_period / min_period) ** fraction
-    angles = t.float()[:, None] * (2 * math.pi / period)[None, :]
+    angles = t.float()[..., None] * (2 * math.pi / period)
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
@@ -69,11 +70,14 @@ class ActionExpert(nn.Module):
     def suffix(
         self, cache: KVCache, prefix_mask: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
     ) -> torch.Tensor:
-        """Final normalized hidden states (B, 1 + H, width) of [state token, action tokens]."""
+        """Final normalized hidden states (B, 1 + H, width) of [state token, action tokens]; t is (B,) or
+        per action token (B, H)."""
         b = x_t.shape[0]
         actions = self.action_in_proj(x_t)
         time = time_embedding(t, actions.shape[-1]).to(actions.dtype)
-        if self.export_form:
+        if time.ndim == 3:  # per-token times: already one embedding per action token
+            state_token = self.state_proj(state).view(b, 1, -1)
+        elif self.export_form:
             # Broadcast by multiplying with ones: XNNPACK has no expand, and views replace `[:, None]`.
             time = time.view(b, 1, -1) * torch.ones(1, actions.shape[1], 1, dtype=actions.dtype, device=x_t.device)
             state_token = self.state_proj(state).view(b, 1, -1)

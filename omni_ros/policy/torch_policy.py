@@ -14,10 +14,11 @@ from omni_ros.errors import OmniRosError
 from omni_ros.observation import make_observation
 from omni_ros.policy.base import BasePolicy
 from omni_ros.policy.checkpoint import load_checkpoint
-from omni_ros.policy.inputs import model_inputs, robot_actions
+from omni_ros.policy.inputs import action_targets, model_inputs, robot_actions
 from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.model_config import ModelConfig, preset
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.rtc import METHODS, RtcRequest, padded_plan, rtc_sample
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import Tokenizer, make_tokenizer
 
@@ -48,6 +49,9 @@ def resolve_device(device: str) -> torch.device:
 
 class TorchPolicy(BasePolicy):
     """Observation dict -> action chunk, with the prefix KV cache reused by every Euler step."""
+
+    # Real-time chunking: `infer(obs, rtc=RtcRequest(...))` (omni_ros.policy.rtc).
+    rtc_methods = METHODS
 
     def __init__(
         self,
@@ -118,16 +122,33 @@ class TorchPolicy(BasePolicy):
 
     # -- Policy --------------------------------------------------------------------------------------------------
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
-        return self.infer_batch([obs])[0]
+    def infer(self, obs: dict[str, Any], *, rtc: RtcRequest | None = None) -> dict[str, Any]:
+        """One chunk; with `rtc`, one that continues the plan in `rtc` (real-time chunking)."""
+        return self._infer([obs], rtc)[0]
 
     def infer_batch(self, observations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self._infer(observations, None)
+
+    def rtc_target(self, rtc: RtcRequest, state: np.ndarray) -> torch.Tensor:
+        """The old plan (robot units) in the model's normalized action space for an observation of `state`,
+        zero past its end: (1, H, action_dim)."""
+        rtc.check(self.cfg.action_horizon, self.cfg.action_dim)
+        plan, rows = padded_plan(rtc.actions, self.cfg.action_horizon)
+        target = action_targets(self.cfg, self.norm_stats, plan[None], np.asarray(state)[None])
+        target[:, rows:] = 0.0
+        return torch.from_numpy(target).to(self.device, self.dtype)
+
+    def _infer(self, observations: Sequence[dict[str, Any]], rtc: RtcRequest | None) -> list[dict[str, Any]]:
         start = time.perf_counter()
         parsed = [make_observation(self.spec, obs) for obs in observations]
         inputs = model_inputs(self.cfg, self.tokenizer, self.norm_stats, parsed, self.device, self.dtype)
         noise = self._noise(len(parsed))
+        target = self.rtc_target(rtc, parsed[0].state) if rtc is not None else None
         stamps = [time.perf_counter()]
-        with torch.inference_mode():
+        # Guided RTC differentiates through the denoise step: no_grad (not inference_mode) for the prefix, so
+        # its KV cache can enter the autograd graph as a constant.
+        guided = rtc is not None and rtc.method == "guided"
+        with torch.no_grad() if guided else torch.inference_mode():
             model = self.model
             prefix, prefix_mask = model.embed_prefix(
                 inputs["images"], inputs["image_masks"], inputs["tokens"], inputs["token_mask"]
@@ -138,9 +159,15 @@ class TorchPolicy(BasePolicy):
             self._sync()
             stamps.append(time.perf_counter())
             state = inputs["state"]
-            actions = euler_sample(
-                lambda x, t: model.denoise_step(cache, prefix_mask, state, x, t), noise, self.num_steps
-            )
+
+            def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                return model.denoise_step(cache, prefix_mask, state, x, t)
+
+            if rtc is None:
+                actions = euler_sample(velocity, noise, self.num_steps)
+            else:
+                clean = self.cfg.rtc_max_delay > 0
+                actions = rtc_sample(velocity, noise, self.num_steps, target, rtc, clean_prefix=clean)
             actions = actions.float().cpu().numpy()
             stamps.append(time.perf_counter())
         timing = {
