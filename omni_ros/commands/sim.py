@@ -145,10 +145,23 @@ def run_eval(args: argparse.Namespace) -> int:
         names = [c.name for c in config.topics.cameras]
         policy = load_policy(config.policy, camera_names=names, state_dim=config.sim.n_joints)
     meta = policy.metadata
-    report: dict[str, Any] = {"policy": meta.model, "backend": meta.backend, "latency_s": args.latency}
+    if args.blending:
+        config.control.blending = args.blending
+    from omni_ros.control.executor import check_rtc_support
+
+    check_rtc_support(config.control, policy)
+    report: dict[str, Any] = {
+        "policy": meta.model,
+        "backend": meta.backend,
+        "latency_s": args.latency,
+        "blending": config.control.blending,
+    }
 
     def chunks(p: Any):
-        return lambda obs: p.infer(obs)["actions"]
+        def run(obs: dict, rtc: Any = None) -> Any:
+            return (p.infer(obs) if rtc is None else p.infer(obs, rtc=rtc))["actions"]
+
+        return run
 
     if args.offline:
         from itertools import islice
@@ -225,6 +238,11 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     e.add_argument("--preset", help="evaluate a built-in architecture with random weights instead")
     e.add_argument("--config", help="config with sim:, control: and policy: sections (default config/sim.yaml)")
     e.add_argument("--latency", type=float, default=0.1, help="simulated inference latency, s")
+    e.add_argument(
+        "--blending",
+        choices=["latest", "linear", "ensemble", "rtc"],
+        help="how a new chunk takes over (default: control.blending of --config); rtc: real-time chunking",
+    )
     e.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the random-weight policy")
     e.add_argument("--no-prompt-following", action="store_true", help="skip the second prompt per layout")
     e.add_argument("--video", help="write the first episodes as .gif/.webp/.mp4")

@@ -9,11 +9,15 @@ Everything is a function of time `at(t) -> positions`:
   time over a window (the `linear` blending mode);
 - `Ensemble`: ACT-style temporal ensembling, the weighted mean of every chunk
   that predicts time t, weight exp(-decay * arrival age in steps), each
-  chunk faded out over the window before its end so that leaving is smooth.
+  chunk faded out over the window before its end so that leaving is smooth;
+- `Switch`: the old trajectory until a time, the new one after it (the `rtc`
+  mode: the policy sampled the new chunk to continue the old one, so the
+  switch needs no blend).
 
 Every function is continuous in t, and a new trajectory enters through a
 `CrossFade` from whatever was being commanded, so commands have no jump at a
-chunk boundary (except `latest`, which switches at once by design).
+chunk boundary (except `latest`, which switches at once by design, and `rtc`, whose chunks
+are continuous by construction).
 """
 
 from __future__ import annotations
@@ -104,6 +108,23 @@ class CrossFade:
             return self.new.simplify(t)
         self.old = self.old.simplify(t)
         self.new = self.new.simplify(t)
+        return self
+
+
+class Switch:
+    """`old` before `t_switch`, `new` from then on."""
+
+    def __init__(self, old: Trajectory, new: Trajectory, t_switch: float) -> None:
+        self.old, self.new = old, new
+        self.t_switch = float(t_switch)
+
+    def at(self, t: float) -> np.ndarray:
+        return self.new.at(t) if t >= self.t_switch - 1e-9 else self.old.at(t)
+
+    def simplify(self, t: float) -> Trajectory:
+        if t >= self.t_switch - 1e-9:
+            return self.new.simplify(t)
+        self.old = self.old.simplify(t)
         return self
 
 

@@ -2,8 +2,36 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
+
+
+@dataclass
+class RtcConfig:
+    """Real-time chunking (`blending: rtc`): the next chunk is sampled to continue the one executing."""
+
+    # guided: the paper's soft-masked guidance (a backward pass through the expert per denoising step);
+    # inpaint: hard prefix inpainting, the first d actions frozen, no gradient (ExecuTorch, QNN; best with a
+    # model trained with training-time RTC, `omni-ros train --rtc-max-delay`).
+    method: Literal["guided", "inpaint"] = "guided"
+    # Soft mask over the actions after the frozen prefix (DESIGN.md section 9).
+    schedule: Literal["exp", "linear", "ones", "zeros"] = "exp"
+    # Maximum guidance weight beta; null: the policy's number of denoising steps (beta / steps > 2 overshoots).
+    max_guidance_weight: float | None = None
+    # Inference delay d in actions; null: ceil(max of the recent measured latencies / action dt).
+    inference_delay: int | None = None
+    # How many recent chunk latencies the estimate of d looks at.
+    latency_window: int = 10
+
+    def __post_init__(self) -> None:
+        beta = self.max_guidance_weight
+        if beta is not None and not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"control.rtc.max_guidance_weight must be >= 0, got {self.max_guidance_weight}")
+        if self.inference_delay is not None and self.inference_delay < 0:
+            raise ValueError(f"control.rtc.inference_delay must be >= 0 or null, got {self.inference_delay}")
+        if self.latency_window < 1:
+            raise ValueError(f"control.rtc.latency_window must be >= 1, got {self.latency_window}")
 
 
 @dataclass
@@ -12,12 +40,15 @@ class ControlConfig:
 
     # Start the next inference when the current chunk has fewer than this fraction of its actions left.
     prefetch_threshold: float = 0.5
-    # How an arriving chunk takes over from the one being executed.
-    blending: Literal["latest", "linear", "ensemble"] = "linear"
+    # How an arriving chunk takes over from the one being executed. rtc: the policy samples it to continue
+    # the executing plan (real-time chunking, settings in `rtc`); the executor keeps the old chunk for the
+    # inference delay and then switches, with no blend.
+    blending: Literal["latest", "linear", "ensemble", "rtc"] = "linear"
     # Cross-fade length (linear) and fade-in/out length (ensemble), seconds.
     blend_window_s: float = 0.2
     # ACT temporal-ensembling weight exp(-decay * age in action steps); > 0 favours older predictions.
     ensemble_decay: float = 0.01
+    rtc: RtcConfig = field(default_factory=RtcConfig)
     # Anchor each chunk at its observation stamp, skipping the actions whose time passed during inference.
     latency_compensation: bool = True
     # Joint position limits in robot units; empty -> none, one value -> every joint.

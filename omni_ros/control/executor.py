@@ -11,7 +11,13 @@ The policy node owns one and drives it from three places:
 
 Times are seconds on one clock (ROS time in the node). A chunk answering an
 observation stamped t0 has action i at t0 + i * dt; when it arrives at t1 the
-actions before t1 are skipped (latency compensation). Every command is
+actions before t1 are skipped (latency compensation).
+
+Real-time chunking (`blending: rtc`): right after `request_started`, the caller asks
+`rtc_request(stamp)` for what the policy needs to continue the plan (the plan at the
+new chunk's action times, the inference delay d) and passes it to
+`policy.infer(obs, rtc=...)`; the answer runs the old plan for d actions and then
+switches to the new chunk. Every command is
 clamped by the joint limits; non-finite chunks are refused and the last safe
 position is held; stale inputs, pause and e-stop stop all commands. The
 executor is thread-safe.
@@ -19,17 +25,36 @@ executor is thread-safe.
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from omni_ros.control.blending import ChunkTrajectory, CrossFade, Ensemble, Hold, Trajectory
+from omni_ros.config import ConfigError
+from omni_ros.control.blending import ChunkTrajectory, CrossFade, Ensemble, Hold, Switch, Trajectory
 from omni_ros.control.config import ControlConfig
 from omni_ros.control.limits import JointLimits
+from omni_ros.policy.rtc import RtcRequest, supported_rtc_methods
+
+
+def check_rtc_support(config: ControlConfig, policy: Any) -> None:
+    """`blending: rtc` needs a policy that can continue a chunk with the configured method: say so at
+    configure time, not at the first chunk boundary."""
+    if config.blending != "rtc":
+        return
+    methods = supported_rtc_methods(policy)
+    if config.rtc.method not in methods:
+        backend = getattr(getattr(policy, "metadata", None), "backend", type(policy).__name__)
+        offer = f"it supports: {', '.join(methods)}" if methods else "it does not support real-time chunking"
+        raise ConfigError(
+            f"control.blending: rtc with control.rtc.method '{config.rtc.method}': backend '{backend}' cannot "
+            f"serve it ({offer}); choose another control.rtc.method or control.blending"
+        )
 
 
 class ExecState(str, enum.Enum):
@@ -100,6 +125,8 @@ class ActionChunkExecutor:
             raise ValueError(f"prefetch_threshold is a fraction of the chunk, 0..1; got {config.prefetch_threshold}")
         if config.blend_window_s < 0:
             raise ValueError(f"blend_window_s must be >= 0, got {config.blend_window_s}")
+        if config.blending == "rtc" and not config.latency_compensation:
+            raise ValueError("blending 'rtc' needs latency_compensation: chunks continue the plan from their stamp")
         self.dim = int(dim)
         self.control_rate_hz = float(control_rate_hz)
         self.dry_run = bool(dry_run)
@@ -122,6 +149,10 @@ class ActionChunkExecutor:
         self._stale = False
         self._paused = False
         self._estop = False
+        # Real-time chunking: recent chunk latencies (arrival - stamp) and the (request, stamp, d) that the
+        # chunk in flight was asked to continue with.
+        self._latencies: collections.deque[float] = collections.deque(maxlen=config.rtc.latency_window)
+        self._rtc_pending: tuple[int | None, float, int] | None = None
 
     # ----- inputs -------------------------------------------------------------------------------------------
 
@@ -151,6 +182,11 @@ class ActionChunkExecutor:
                 return ChunkReport(False, chunk_id, 0, reason)
             self._inflight_since = None
             self._live_request = None
+            continued, self._rtc_pending = self._rtc_pending, None
+            if continued is not None and request_id is not None and continued[0] not in (None, request_id):
+                continued = None
+            if math.isfinite(now - stamp) and now >= stamp:
+                self._latencies.append(now - stamp)
             try:
                 arr = np.asarray(actions, dtype=np.float64)
             except (TypeError, ValueError) as exc:
@@ -171,16 +207,23 @@ class ActionChunkExecutor:
             if now >= chunk.end + dt:
                 late = now - stamp
                 return self._reject(chunk_id, f"chunk arrived {late:.3f} s after its observation, past its end", False)
-            self._traj = self._blend_in(chunk, now)
+            self._traj = self._blend_in(chunk, now, continued)
             self._newest = chunk
             self.stats.chunks_accepted += 1
             self.stats.skipped_actions += skipped
             return ChunkReport(True, chunk_id, skipped)
 
-    def _blend_in(self, chunk: ChunkTrajectory, now: float) -> Trajectory:
+    def _blend_in(
+        self, chunk: ChunkTrajectory, now: float, continued: tuple[int | None, float, int] | None = None
+    ) -> Trajectory:
         mode = self.config.blending
         window = self.config.blend_window_s
         previous = self._traj
+        if mode == "rtc" and previous is not None and continued is not None:
+            # The chunk continues the plan: its first d actions are the old ones, executed from the old plan;
+            # switch after them (or now, if it arrived later than d promised).
+            _, stamp, delay = continued
+            return Switch(previous, chunk, max(now, stamp + delay * chunk.dt))
         if previous is None:
             base = self._base_position()
             previous = Hold(base) if base is not None else None
@@ -231,7 +274,48 @@ class ActionChunkExecutor:
                 return  # an abandoned request; the live one is still running
             self._inflight_since = None
             self._live_request = None
+            self._rtc_pending = None
             self.stats.last_reject_reason = reason
+
+    def inference_delay(self, dt: float) -> int:
+        """d in actions of `dt`: the configured one, else ceil(max recent latency / dt) (LeRobot's estimate)."""
+        fixed = self.config.rtc.inference_delay
+        if fixed is not None:
+            return int(fixed)
+        with self._lock:
+            if not self._latencies:
+                return 0
+            # A tiny tolerance: a latency of exactly k actions is d = k, not k + 1 from float noise.
+            return max(0, math.ceil(max(self._latencies) / dt - 1e-6))
+
+    def rtc_request(self, stamp: float) -> RtcRequest | None:
+        """What the policy needs to continue the plan from an observation stamped `stamp` (`blending: rtc`).
+
+        None when there is nothing to continue (no plan yet, or the plan ends before `stamp`): the policy
+        then samples a fresh chunk, which enters like `linear`. Call it right after `request_started`.
+        """
+        with self._lock:
+            if self.config.blending != "rtc" or self._traj is None or self._newest is None or self._stopped():
+                return None
+            chunk = self._newest
+            times = stamp + chunk.dt * np.arange(chunk.horizon)
+            rows = int(np.count_nonzero(times <= chunk.end + 1e-9))
+            if rows == 0:
+                return None
+            plan = np.stack([self._traj.at(float(t)) for t in times[:rows]])
+            delay = self.inference_delay(chunk.dt)
+            rtc = self.config.rtc
+            request = RtcRequest(
+                plan,
+                inference_delay=delay,
+                execution_horizon=chunk.horizon - rows,
+                schedule=rtc.schedule,
+                max_guidance_weight=rtc.max_guidance_weight,
+                method=rtc.method,
+            )
+            self._rtc_pending = (self._live_request, float(stamp), delay)
+            self.stats.extra["rtc_inference_delay"] = float(delay)
+            return request
 
     def reset_plan(self) -> None:
         """Forget the plan and any inference in flight (say, the task or episode changed).
@@ -289,6 +373,7 @@ class ActionChunkExecutor:
     def _abandon_request(self) -> None:
         self._inflight_since = None
         self._live_request = None
+        self._rtc_pending = None
 
     def _stopped(self) -> bool:
         return self._estop or self._paused or self._stale
@@ -297,6 +382,7 @@ class ActionChunkExecutor:
         self._traj = None
         self._ensemble = None
         self._newest = None
+        self._rtc_pending = None
 
     def _base_position(self) -> np.ndarray | None:
         return self._last_command if self._last_command is not None else self._measured

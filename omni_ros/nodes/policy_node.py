@@ -33,7 +33,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from omni_ros.assembler import ObservationAssembler, StaleInput
 from omni_ros.config import OmniConfig
-from omni_ros.control.executor import ActionChunkExecutor, ExecState
+from omni_ros.control.executor import ActionChunkExecutor, ExecState, check_rtc_support
 from omni_ros.msg import ActionChunk, PolicyStatus
 from omni_ros.policy.base import Policy
 from omni_ros.ros_convert import ImageError, compressed_to_rgb, image_to_rgb, sec_to_stamp, stamp_to_sec
@@ -101,6 +101,7 @@ class PolicyNode(LifecycleNode):
                     f"policy has state_dim {meta.state_dim} / action_dim {meta.action_dim} but robot.joint_names "
                     f"lists {len(joints)} joints"
                 )
+            check_rtc_support(cfg.control, self.policy)
         except Exception as exc:  # a bad checkpoint must not kill the process: report and stay unconfigured
             self.get_logger().error(f"cannot load policy: {exc}")
             self._last_error = str(exc)
@@ -308,12 +309,14 @@ class PolicyNode(LifecycleNode):
             self.executor_.set_stale(True, str(exc))
             return
         request_id = self.executor_.request_started(now)
-        future = self._pool.submit(self._infer, assembled.obs)
+        # blending rtc: what the policy needs to continue the plan from this observation (None otherwise).
+        rtc = self.executor_.rtc_request(assembled.stamp)
+        future = self._pool.submit(self._infer, assembled.obs, rtc)
         future.add_done_callback(lambda f, stamp=assembled.stamp: self._on_chunk(f, stamp, request_id))
 
-    def _infer(self, obs: dict) -> tuple[dict, float]:
+    def _infer(self, obs: dict, rtc: Any = None) -> tuple[dict, float]:
         start = time.perf_counter()
-        result = self.policy.infer(obs)
+        result = self.policy.infer(obs) if rtc is None else self.policy.infer(obs, rtc=rtc)
         return result, time.perf_counter() - start
 
     def _on_chunk(self, future: concurrent.futures.Future, stamp: float, request_id: int) -> None:

@@ -4,6 +4,8 @@ Inference is modelled as asynchronous: when the executor asks for a chunk,
 the observation of that instant goes to the policy, and the chunk arrives
 `latency` seconds later stamped with the observation time, exactly as in the
 policy node. No wall-clock time is involved, so runs are deterministic.
+With `control.blending: rtc` the policy is called as `policy(obs, rtc=request)`
+whenever the executor has a plan to continue.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from omni_ros.control.executor import ActionChunkExecutor
 from omni_ros.sim.env import SimEnv
 from omni_ros.sim.expert import ReachExpert
 
-ChunkPolicy = Callable[[dict[str, Any]], np.ndarray]
+# policy(obs) -> (H, D) actions; under `blending: rtc` also policy(obs, rtc=RtcRequest).
+ChunkPolicy = Callable[..., np.ndarray]
 
 
 @dataclass
@@ -76,7 +79,9 @@ def run_episode(
         if executor.should_request(now):
             request = executor.request_started(now)
             obs = env.observe() if render else {"images": {}, "state": env.state, "prompt": env.task.prompt}
-            pending = (now + latency, now, np.asarray(policy(obs)), request)
+            rtc = executor.rtc_request(now)
+            actions = policy(obs) if rtc is None else policy(obs, rtc=rtc)
+            pending = (now + latency, now, np.asarray(actions), request)
             if latency <= 0:
                 executor.add_chunk(pending[2], pending[1], chunk_dt, now, request)
                 pending = None

@@ -1,0 +1,173 @@
+"""The chunk executor under `blending: rtc`: the plan handed to the policy, the delay, and the switch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omni_ros.config import ConfigError
+from omni_ros.control.config import ControlConfig, RtcConfig
+from omni_ros.control.executor import ActionChunkExecutor, check_rtc_support
+
+DT = 0.02  # action spacing
+RATE = 50.0
+TICK = 1.0 / RATE
+H = 50
+
+
+def trajectory(t):
+    t = np.asarray(t, dtype=np.float64)
+    return np.stack([np.sin(t), 0.5 * np.cos(2 * t)], axis=-1)
+
+
+def chunk_at(t0: float, offset: float = 0.0) -> np.ndarray:
+    return trajectory(t0 + DT * np.arange(H)) + offset
+
+
+def make(**rtc) -> ActionChunkExecutor:
+    config = ControlConfig(blending="rtc", max_velocity=[], rtc=RtcConfig(**rtc))
+    executor = ActionChunkExecutor(2, config, control_rate_hz=RATE)
+    executor.observe_position(trajectory(0.0))
+    return executor
+
+
+def run(executor, start, stop):
+    ticks = np.arange(round((stop - start) / TICK)) * TICK + start
+    return [(float(t), executor.tick(float(t))) for t in ticks]
+
+
+def started(executor, stamp):
+    request_id = executor.request_started(stamp)
+    return request_id, executor.rtc_request(stamp)
+
+
+def test_no_plan_means_no_rtc_request_and_other_modes_never_make_one():
+    executor = make()
+    executor.request_started(0.0)
+    assert executor.rtc_request(0.0) is None  # nothing to continue: the first chunk is sampled plainly
+    linear = ActionChunkExecutor(2, ControlConfig(blending="linear", max_velocity=[]), RATE)
+    linear.observe_position(trajectory(0.0))
+    linear.add_chunk(chunk_at(0.0), 0.0, DT, 0.0)
+    linear.request_started(0.3)
+    assert linear.rtc_request(0.3) is None
+
+
+def test_the_request_holds_the_plan_at_the_new_chunks_action_times():
+    executor = make(inference_delay=4, schedule="linear", max_guidance_weight=7.0, method="inpaint")
+    old = chunk_at(0.0)
+    executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
+    run(executor, 0.0, 0.5)  # past the start-up fade from the measured position
+    _, rtc = started(executor, 0.61)  # between two actions of the old chunk
+    rows = int(np.count_nonzero(0.61 + DT * np.arange(H) <= (H - 1) * DT + 1e-9))
+    assert rtc.actions.shape == (rows, 2) and rows < H
+    expected = [0.5 * (old[k] + old[k + 1]) for k in range(30, 30 + rows)]  # stamp 0.61 = action 30.5
+    np.testing.assert_allclose(rtc.actions, expected, atol=1e-9)
+    assert rtc.execution_horizon == H - rows
+    assert (rtc.inference_delay, rtc.schedule, rtc.max_guidance_weight, rtc.method) == (4, "linear", 7.0, "inpaint")
+
+
+def test_the_first_d_actions_run_from_the_old_chunk_then_the_new_one():
+    executor = make(inference_delay=5)
+    old = chunk_at(0.0)
+    executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
+    run(executor, 0.0, 0.5)
+    request_id, rtc = started(executor, 0.5)
+    assert rtc.inference_delay == 5
+    # A new chunk that disagrees with the old one everywhere arrives early (after 2 of its 5 actions) ...
+    new = chunk_at(0.5, offset=0.3)
+    report = executor.add_chunk(new, stamp=0.5, dt=DT, now=0.54, request_id=request_id)
+    assert report.accepted
+    commands = run(executor, 0.54, 0.8)
+    switch = 0.5 + 5 * DT
+    for t, cmd in commands:
+        source = old if t < switch - 1e-9 else new
+        u = t / DT if source is old else (t - 0.5) / DT
+        i = round(u)
+        np.testing.assert_allclose(cmd.positions, source[i], atol=1e-9, err_msg=f"t={t}")
+    assert any(t < switch - 1e-9 for t, _ in commands) and any(t >= switch for t, _ in commands)
+
+
+def test_a_late_chunk_switches_on_arrival():
+    executor = make(inference_delay=2)
+    executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)
+    run(executor, 0.0, 0.5)
+    request_id, _ = started(executor, 0.5)
+    new = chunk_at(0.5, offset=0.3)
+    executor.add_chunk(new, stamp=0.5, dt=DT, now=0.6, request_id=request_id)  # 5 actions late, d said 2
+    np.testing.assert_allclose(executor.tick(0.6).positions, new[5], atol=1e-9)
+
+
+def test_the_delay_is_estimated_from_recent_latencies():
+    executor = make(latency_window=3)
+    assert executor.inference_delay(DT) == 0
+    executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)
+    stamp = 0.0
+    for latency in (0.1, 0.14, 0.06, 0.06, 0.06):
+        stamp += 0.2
+        request_id, _rtc = started(executor, stamp)
+        executor.add_chunk(chunk_at(stamp), stamp=stamp, dt=DT, now=stamp + latency, request_id=request_id)
+        if latency == 0.14:
+            assert executor.inference_delay(DT) == 7  # ceil(max recent latency / dt): 0.14 s = 7 actions
+    # The window forgot 0.1 and 0.14: three chunks of 0.06 s are 3 actions.
+    assert executor.inference_delay(DT) == 3
+    assert executor.rtc_request(stamp + 0.01).inference_delay == 3
+    fixed = make(inference_delay=9)
+    assert fixed.inference_delay(DT) == 9
+
+
+def test_a_chunk_requested_without_rtc_enters_through_a_fade():
+    executor = make(inference_delay=2)
+    executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)
+    run(executor, 0.0, 0.5)
+    executor.request_started(0.5)  # no rtc_request: e.g. a policy call that could not continue the plan
+    executor.add_chunk(chunk_at(0.5, offset=0.3), stamp=0.5, dt=DT, now=0.5)
+    steps = np.abs(np.diff([c.positions for _, c in run(executor, 0.5, 1.0)], axis=0)).max()
+    assert steps < 0.1  # no 0.3 jump: the linear fade
+
+
+def test_a_stop_forgets_what_the_request_in_flight_was_asked():
+    executor = make(inference_delay=5)
+    executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)
+    run(executor, 0.0, 0.5)
+    started(executor, 0.5)
+    executor.reset_plan()
+    request_id = executor.request_started(0.6)
+    executor.add_chunk(chunk_at(0.6), stamp=0.6, dt=DT, now=0.62, request_id=request_id)
+    assert executor.tick(0.62).positions is not None  # entered as a fresh plan, not as a switch into nothing
+
+
+def test_rtc_needs_latency_compensation():
+    with pytest.raises(ValueError, match="latency_compensation"):
+        ActionChunkExecutor(2, ControlConfig(blending="rtc", latency_compensation=False))
+
+
+def test_rtc_config_checks_its_ranges():
+    with pytest.raises(ValueError, match="max_guidance_weight"):
+        RtcConfig(max_guidance_weight=-1.0)
+    with pytest.raises(ValueError, match="inference_delay"):
+        RtcConfig(inference_delay=-1)
+    with pytest.raises(ValueError, match="latency_window"):
+        RtcConfig(latency_window=0)
+
+
+class _Meta:
+    backend = "executorch-xnnpack"
+
+
+class _InpaintOnly:
+    metadata = _Meta()
+    rtc_methods = ("inpaint",)
+
+
+class _NoRtc:
+    metadata = _Meta()
+
+
+def test_a_backend_without_the_method_is_refused_at_configure_time():
+    guided = ControlConfig(blending="rtc")
+    with pytest.raises(ConfigError, match="does not support real-time chunking"):
+        check_rtc_support(guided, _NoRtc())
+    with pytest.raises(ConfigError, match="it supports: inpaint"):
+        check_rtc_support(guided, _InpaintOnly())
+    check_rtc_support(ControlConfig(blending="rtc", rtc=RtcConfig(method="inpaint")), _InpaintOnly())
+    check_rtc_support(ControlConfig(blending="linear"), _NoRtc())  # nothing asked, nothing checked
