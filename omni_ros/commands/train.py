@@ -15,6 +15,7 @@ OVERRIDES = (
     "preset",
     "init_checkpoint",
     "state_noise",
+    "rtc_max_delay",
 )
 
 
@@ -56,4 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", help="architecture of a fresh model (default from the recipe: demo)")
     p.add_argument("--init-checkpoint", help="start from this checkpoint's weights (fine-tuning)")
     p.add_argument("--state-noise", type=float, help="max std of the noise added to training states (robot units)")
+    p.add_argument(
+        "--rtc-max-delay",
+        type=int,
+        metavar="D",
+        help="training-time real-time chunking: keep a random prefix of 0..D actions clean (no noise, no loss) so "
+        "that hard-inpainting RTC works without gradients (control.rtc.method: inpaint); 0: off",
+    )
     p.set_defaults(func=run)

@@ -19,6 +19,7 @@ from torch import nn
 from omni_ros.policy.action_expert import ActionExpert
 from omni_ros.policy.backbone import Backbone, KVCache
 from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.rtc import clean_prefix
 from omni_ros.policy.sampler import euler_sample, noisy_actions, sample_time
 from omni_ros.policy.vision import VisionEncoder
 
@@ -112,18 +113,28 @@ class Pi0Model(nn.Module):
         generator: torch.Generator | None = None,
         goal: torch.Tensor | None = None,
         goal_weight: float = 0.0,
+        rtc_delay: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Flow-matching loss: MSE between predicted and target velocity at random times.
 
         With a goal head, `goal_weight` * MSE of its prediction against `goal` (B, action_dim) is added.
+        `rtc_delay` (B,) int: training-time RTC, the first rtc_delay[b] actions of example b stay clean (time 0)
+        and carry no loss.
         """
         noise = torch.randn(actions.shape, generator=generator, device=actions.device, dtype=actions.dtype)
         t = sample_time(actions.shape[0], generator, actions.device).to(actions.dtype)
         x_t, target = noisy_actions(actions, noise, t)
+        weight = None
+        if rtc_delay is not None:
+            x_t, t, weight = clean_prefix(actions, x_t, t, rtc_delay)
         prefix, prefix_mask = self.embed_prefix(images, image_masks, tokens, token_mask)
         suffix = self.expert.suffix(self.prefill(prefix, prefix_mask), prefix_mask, state, x_t, t)
         velocity = self.expert.action_out_proj(suffix[:, 1:])
-        loss = F.mse_loss(velocity.float(), target.float())
+        if weight is None:
+            loss = F.mse_loss(velocity.float(), target.float())
+        else:
+            squared = (velocity.float() - target.float()) ** 2 * weight[..., None]
+            loss = squared.sum() / (weight.sum() * actions.shape[-1]).clamp(min=1.0)
         if goal is not None and goal_weight > 0:
             loss = loss + goal_weight * F.mse_loss(self.expert.goal(suffix).float(), goal.float())
         return loss

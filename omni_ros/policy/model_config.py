@@ -89,6 +89,9 @@ class ModelConfig:
     # prompt pathway a direct, low-noise gradient towards "where is the named block", which the noisy
     # flow-matching target alone teaches slowly.
     goal_head: bool = False
+    # Trained with training-time RTC (arXiv 2512.05964): a clean action prefix of up to this many actions,
+    # per-token time 0, no loss on it. Its hard-inpainting RTC then feeds the prefix clean; 0: not trained so.
+    rtc_max_delay: int = 0
     vision: VisionConfig = field(default_factory=VisionConfig)
     backbone: TransformerConfig = field(default_factory=TransformerConfig)
     expert: TransformerConfig = field(
@@ -115,6 +118,8 @@ class ModelConfig:
             raise ValueError("vision.image_size must be a multiple of vision.patch_size")
         if not self.camera_names:
             raise ValueError("at least one camera is needed")
+        if not 0 <= self.rtc_max_delay < self.action_horizon:
+            raise ValueError(f"rtc_max_delay must be in [0, action_horizon), got {self.rtc_max_delay}")
         if self.tokenizer.kind == "words" and self.vocab_size < len(self.tokenizer.vocab) + 4:
             words = len(self.tokenizer.vocab)
             raise ValueError(f"vocab_size {self.vocab_size} is too small for {words} words + 4 special tokens")

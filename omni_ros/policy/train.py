@@ -11,6 +11,7 @@ from omni_ros.observation import Observation
 from omni_ros.policy.inputs import action_targets, model_inputs
 from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.rtc import sample_delays
 from omni_ros.policy.tokenizer import Tokenizer, make_tokenizer
 
 
@@ -27,6 +28,7 @@ class Trainer:
         seed: int = 0,
         tokenizer: Tokenizer | None = None,
         goal_weight: float = 0.0,
+        rtc_max_delay: int = 0,
     ) -> None:
         self.model = model.train()
         self.norm_stats = norm_stats
@@ -36,6 +38,10 @@ class Trainer:
         if goal_weight > 0 and not model.cfg.goal_head:
             raise ValueError("goal_weight > 0 needs a model with a goal head (ModelConfig.goal_head: true)")
         self.goal_weight = goal_weight
+        if rtc_max_delay < 0 or rtc_max_delay >= model.cfg.action_horizon:
+            raise ValueError(f"rtc_max_delay must be in [0, {model.cfg.action_horizon}), got {rtc_max_delay}")
+        # Training-time RTC: per example a delay d ~ U{0..rtc_max_delay}; the first d actions stay clean.
+        self.rtc_max_delay = rtc_max_delay
         # Flow-matching noise is drawn on the model's device, so the generator must live there too.
         self.generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
         self.steps = 0
@@ -62,7 +68,10 @@ class Trainer:
 
     def step(self, batch: dict[str, torch.Tensor]) -> float:
         self.model.train()
-        loss = self.model.loss(**batch, generator=self.generator, goal_weight=self.goal_weight)
+        delay = None
+        if self.rtc_max_delay > 0:
+            delay = sample_delays(batch["actions"].shape[0], self.rtc_max_delay, self.generator)
+        loss = self.model.loss(**batch, generator=self.generator, goal_weight=self.goal_weight, rtc_delay=delay)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.grad_clip > 0:

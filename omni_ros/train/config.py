@@ -30,6 +30,11 @@ class TrainConfig:
     state_noise: float = 0.0
     # Weight of the goal head's loss (needs a model with goal_head and data with goals; 0: off).
     goal_weight: float = 0.0
+    # Training-time real-time chunking (arXiv 2512.05964): per example a delay d ~ U{0..rtc_max_delay}; the
+    # chunk's first d actions stay clean (per-token time 0) and carry no loss, so at inference hard prefix
+    # inpainting continues a plan without a backward pass (ExecuTorch, QNN). 0: off. Recorded in the
+    # checkpoint's model config; pick it above the inference delays expected (latency / action_dt).
+    rtc_max_delay: int = 0
     # Seeds the weights, the batch order and the flow-matching noise.
     seed: int = 0
     device: str = "cpu"

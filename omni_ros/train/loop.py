@@ -9,6 +9,7 @@ drawing the same batches and noise it would have drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -59,6 +60,10 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
 
 
 def _model_config(cfg: TrainConfig) -> ModelConfig:
+    return _with_rtc(cfg, _architecture(cfg))
+
+
+def _architecture(cfg: TrainConfig) -> ModelConfig:
     if cfg.init_checkpoint:
         from omni_ros.policy.checkpoint import read_checkpoint_config
 
@@ -67,6 +72,16 @@ def _model_config(cfg: TrainConfig) -> ModelConfig:
     if not cfg.model:
         return base
     return ModelConfig.from_dict(_merge(base.to_dict(), cfg.model), source="model (train config)")
+
+
+def _with_rtc(cfg: TrainConfig, model_cfg: ModelConfig) -> ModelConfig:
+    """Training-time RTC is a property of the weights: the checkpoint's model config records it."""
+    if cfg.rtc_max_delay <= 0 or cfg.rtc_max_delay == model_cfg.rtc_max_delay:
+        return model_cfg
+    try:
+        return dataclasses.replace(model_cfg, rtc_max_delay=cfg.rtc_max_delay)
+    except ValueError as exc:
+        raise TrainError(f"rtc_max_delay: {exc}") from exc
 
 
 def _merge(base: dict, overrides: dict) -> dict:
@@ -80,6 +95,7 @@ def _fresh_model(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[Pi0Model, No
     """A seeded new model, or the `init_checkpoint` one with the normalization its weights were trained with."""
     if cfg.init_checkpoint:
         model, stats, _ = load_checkpoint(cfg.init_checkpoint)
+        model.cfg = _with_rtc(cfg, model.cfg)
         return model, stats
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
@@ -147,6 +163,7 @@ def train(
         grad_clip=cfg.grad_clip,
         seed=cfg.seed,
         goal_weight=cfg.goal_weight,
+        rtc_max_delay=cfg.rtc_max_delay,
     )
     sampler = torch.Generator().manual_seed(cfg.seed + 1)
     if saved is not None:
