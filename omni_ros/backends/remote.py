@@ -13,6 +13,11 @@ request uses that openpi layout, which drives openpi's own servers. Without
 one, the layout our server announces in its metadata is used, and failing that
 our canonical `{"images": {...}, "state", "prompt"}`.
 
+Real-time chunking: `infer(obs, rtc=RtcRequest(...))` sends the request as the
+optional `rtc/...` keys (omni_ros.serving.rtc_keys), so a robot gets RTC from a
+GPU server; `rtc_methods` is what the server's metadata announces (nothing for
+openpi's own servers, and then an RTC request is refused here, before sending).
+
 Safety: every request has a deadline. When it passes, `infer` raises
 DeadlineExceeded and the connection is dropped, because the protocol has no
 request ids: a reply still in flight would otherwise be read as the answer to
@@ -35,8 +40,10 @@ from websockets.sync.client import ClientConnection, connect
 
 from omni_ros.observation import ObservationSpec, make_observation
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
+from omni_ros.policy.rtc import RtcError, RtcRequest
 from omni_ros.serving.keymap import KeyMap, load_keymap
 from omni_ros.serving.msgpack_numpy import DecodeError, packb, unpackb
+from omni_ros.serving.rtc_keys import methods_of, rtc_keys
 
 logger = logging.getLogger("omni_ros.remote")
 
@@ -124,6 +131,11 @@ class RemotePolicy(BasePolicy):
             f"{self.url} does not describe its observation layout in its metadata; pass keymap= (e.g. 'droid')"
         )
 
+    @property
+    def rtc_methods(self) -> tuple[str, ...]:
+        """Real-time chunking methods the server announced in its metadata."""
+        return methods_of(self.server_metadata)
+
     # -- connection ------------------------------------------------------------
 
     def _connect(self, deadline: float) -> ClientConnection:
@@ -192,7 +204,7 @@ class RemotePolicy(BasePolicy):
 
     # -- inference ---------------------------------------------------------------
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+    def infer(self, obs: dict[str, Any], *, rtc: RtcRequest | None = None) -> dict[str, Any]:
         start = time.monotonic()
         deadline = start + self.deadline_s
         observation = make_observation(self.spec, obs)
@@ -201,7 +213,13 @@ class RemotePolicy(BasePolicy):
             "state": observation.state,
             "prompt": observation.prompt,
         }
-        payload = packb(self.keymap.to_openpi(raw))
+        request = self.keymap.to_openpi(raw)
+        if rtc is not None:
+            if rtc.method not in self.rtc_methods:
+                offer = ", ".join(self.rtc_methods) or "none"
+                raise RtcError(f"{self.url} does not announce rtc method '{rtc.method}' (it announces: {offer})")
+            request.update(rtc_keys(rtc))
+        payload = packb(request)
         with self._lock:
             failures = 0
             while True:

@@ -9,6 +9,10 @@ Wire protocol (what `openpi_client.WebsocketClientPolicy` expects):
      RuntimeError with it) and closes the connection with code 1011;
   4. `GET /healthz` answers 200 `OK`.
 
+Optional `rtc/...` keys beside the observation ask for real-time chunking (see
+`omni_ros.serving.rtc_keys`); the metadata frame says which methods the policy
+supports. Requests without them are plain openpi requests.
+
 Unlike openpi's reference server, inference runs on a thread pool, so the event
 loop keeps answering pings, /healthz and other clients during a slow inference;
 concurrent requests can be batched; messages are capped (default 16 MiB, not
@@ -38,15 +42,17 @@ from omni_ros import __version__
 from omni_ros.config import ConfigError
 from omni_ros.observation import ObservationError
 from omni_ros.policy.base import Policy
+from omni_ros.policy.rtc import RtcError, RtcRequest, supported_rtc_methods
 from omni_ros.serving.batching import Batcher, BatchInfo
 from omni_ros.serving.config import ServeConfig
 from omni_ros.serving.keymap import KeyMap
 from omni_ros.serving.msgpack_numpy import DecodeError, packb, unpackb
+from omni_ros.serving.rtc_keys import rtc_metadata, split_rtc
 
 logger = logging.getLogger("omni_ros.serve")
 
 # Errors caused by what the client sent, reported without a server traceback.
-CLIENT_ERRORS = (DecodeError, ObservationError)
+CLIENT_ERRORS = (DecodeError, ObservationError, RtcError)
 
 
 class RequestError(ValueError):
@@ -109,6 +115,7 @@ class PolicyServer:
             "keymap": self.keymap.describe(),
             "batching": {"enabled": batching.enabled, "max_batch": batching.max_batch},
             "max_message_bytes": self.config.max_message_bytes,
+            "rtc": rtc_metadata(supported_rtc_methods(policy)),
             **(extra_metadata or {}),
         }
         self._metadata_frame = packb(self.metadata)
@@ -266,9 +273,17 @@ class PolicyServer:
     ) -> bytes | None:
         if isinstance(message, str):
             raise RequestError("expected a binary msgpack frame, got a text frame")
-        raw = self.keymap.to_raw(unpackb(message))
+        obs, rtc = split_rtc(unpackb(message))
+        if rtc is not None:
+            methods = supported_rtc_methods(self.policy)
+            if rtc.method not in methods:
+                offer = f"it supports {', '.join(methods)}" if methods else "it does not support real-time chunking"
+                raise RtcError(
+                    f"rtc method '{rtc.method}' requested, but this server's policy cannot serve it ({offer})"
+                )
+        raw = self.keymap.to_raw(obs)
         start = time.monotonic()
-        inference = asyncio.ensure_future(self._infer(raw))
+        inference = asyncio.ensure_future(self._infer(raw, rtc))
         closed = asyncio.ensure_future(conn.wait_closed())
         try:
             await asyncio.wait({inference, closed}, return_when=asyncio.FIRST_COMPLETED)
@@ -292,10 +307,15 @@ class PolicyServer:
         reply["server_timing"] = server_timing
         return packb(reply)
 
-    async def _infer(self, raw: dict[str, Any]) -> tuple[dict[str, Any], BatchInfo | None]:
+    async def _infer(
+        self, raw: dict[str, Any], rtc: RtcRequest | None = None
+    ) -> tuple[dict[str, Any], BatchInfo | None]:
+        loop = asyncio.get_running_loop()
+        if rtc is not None:
+            # A request continuing its own robot's plan runs alone: a batch shares one sampling loop.
+            return await loop.run_in_executor(self._executor, lambda: self.policy.infer(raw, rtc=rtc)), None
         if self._batcher is not None:
             return await self._batcher.submit(raw)
-        loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.policy.infer, raw), None
 
     async def _send_error(self, conn: ServerConnection, peer: str, exc: Exception) -> None:
