@@ -8,14 +8,12 @@ import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from helpers.bridge_policies import EchoPolicy
+from helpers.rtc_util import demo_policy, two_observations
 from omni_ros.backends.remote import RemotePolicy
 from omni_ros.policy.rtc import RtcError, RtcRequest
-from omni_ros.policy.torch_policy import TorchPolicy
 from omni_ros.serving.config import BatchingConfig, ServeConfig
 from omni_ros.serving.rtc_keys import KEYS, rtc_keys, split_rtc
 from omni_ros.serving.server import ServerThread
-from omni_ros.sim.config import SimConfig
-from omni_ros.sim.env import SimEnv
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -27,17 +25,12 @@ def _threads():
 
 @pytest.fixture(scope="module")
 def demo(root):
-    return TorchPolicy.from_checkpoint(root / "checkpoints" / "demo", seed=0)
+    return demo_policy(root)
 
 
 @pytest.fixture(scope="module")
 def observations():
-    env = SimEnv(SimConfig())
-    first = env.reset(1_000_005)
-    env.command(env.arm.q + 0.2)
-    for _ in range(10):
-        env.step(0.02)
-    return first, env.observe()
+    return two_observations(1_000_005, 0.2, 10)
 
 
 def test_the_real_openpi_client_round_trips_rtc_keys(demo, observations):

@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.rtc_util import demo_policy, two_observations
 from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.model_config import preset
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.rtc import RtcError, RtcRequest, clean_prefix
 from omni_ros.policy.torch_policy import TorchPolicy
 from omni_ros.policy.train import Trainer
-from omni_ros.sim.config import SimConfig
-from omni_ros.sim.env import SimEnv
 
 
 @pytest.fixture(autouse=True)
@@ -25,18 +24,12 @@ def _threads():
 
 @pytest.fixture(scope="module")
 def demo(root):
-    return TorchPolicy.from_checkpoint(root / "checkpoints" / "demo", seed=0)
+    return demo_policy(root)
 
 
 @pytest.fixture(scope="module")
-def two_observations():
-    """Two observations 0.3 s apart on one episode, the arm moving between them."""
-    env = SimEnv(SimConfig())
-    first = env.reset(1_000_003)
-    env.command(env.arm.q + np.array([0.3, -0.2, 0.1]))
-    for _ in range(15):
-        env.step(0.02)
-    return first, env.observe()
+def observations():
+    return two_observations(1_000_003, np.array([0.3, -0.2, 0.1]), 15)
 
 
 def plan_from(demo, first, shift):
@@ -44,8 +37,8 @@ def plan_from(demo, first, shift):
     return demo.infer(first)["actions"][shift:]
 
 
-def test_zero_beta_is_the_plain_chunk_exactly(demo, two_observations):
-    first, second = two_observations
+def test_zero_beta_is_the_plain_chunk_exactly(demo, observations):
+    first, second = observations
     plan = plan_from(demo, first, 6)
     plain = demo.infer(second)["actions"]
     out = demo.infer(second, rtc=RtcRequest(plan, inference_delay=6, max_guidance_weight=0.0))["actions"]
@@ -54,8 +47,8 @@ def test_zero_beta_is_the_plain_chunk_exactly(demo, two_observations):
     np.testing.assert_array_equal(none, plain)
 
 
-def test_guidance_makes_the_new_chunk_continue_the_plan(demo, two_observations):
-    first, second = two_observations
+def test_guidance_makes_the_new_chunk_continue_the_plan(demo, observations):
+    first, second = observations
     d = 6
     plan = plan_from(demo, first, d)  # 10 actions of the old plan remain
     plain = demo.infer(second)["actions"]
@@ -69,15 +62,15 @@ def test_guidance_makes_the_new_chunk_continue_the_plan(demo, two_observations):
     assert np.abs(guided[len(plan) :] - plain[len(plan) :]).max() < np.abs(guided[:d] - plain[:d]).max() + 0.5
 
 
-def test_inpainting_freezes_the_prefix_in_robot_units(demo, two_observations):
-    first, second = two_observations
+def test_inpainting_freezes_the_prefix_in_robot_units(demo, observations):
+    first, second = observations
     plan = plan_from(demo, first, 6)
     out = demo.infer(second, rtc=RtcRequest(plan, inference_delay=4, method="inpaint"))["actions"]
     np.testing.assert_allclose(out[:4], plan[:4], atol=1e-5)  # through normalization and relative actions
 
 
-def test_guided_rtc_under_a_callers_inference_mode_is_refused_cleanly(demo, two_observations):
-    first, second = two_observations
+def test_guided_rtc_under_a_callers_inference_mode_is_refused_cleanly(demo, observations):
+    first, second = observations
     plan = plan_from(demo, first, 6)
     with torch.inference_mode(), pytest.raises(RtcError, match="inference_mode"):
         demo.infer(second, rtc=RtcRequest(plan, inference_delay=6))
@@ -86,8 +79,8 @@ def test_guided_rtc_under_a_callers_inference_mode_is_refused_cleanly(demo, two_
         demo.infer(second, rtc=RtcRequest(plan, inference_delay=6, method="inpaint"))
 
 
-def test_requests_that_do_not_fit_the_policy_are_refused(demo, two_observations):
-    _, second = two_observations
+def test_requests_that_do_not_fit_the_policy_are_refused(demo, observations):
+    _, second = observations
     with pytest.raises(RtcError, match="joints"):
         demo.infer(second, rtc=RtcRequest(np.zeros((8, 5)), inference_delay=2))
     with pytest.raises(RtcError, match="longer than the chunk"):
