@@ -67,7 +67,7 @@ def test_the_request_holds_the_plan_at_the_new_chunks_action_times():
 
 
 def test_the_first_d_actions_run_from_the_old_chunk_then_the_new_one():
-    executor = make(inference_delay=5)
+    executor = make(inference_delay=5, switch_fade_s=0.0)
     old = chunk_at(0.0)
     executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
     run(executor, 0.0, 0.5)
@@ -87,8 +87,26 @@ def test_the_first_d_actions_run_from_the_old_chunk_then_the_new_one():
     assert any(t < switch - 1e-9 for t, _ in commands) and any(t >= switch for t, _ in commands)
 
 
+def test_with_a_fade_the_old_plan_runs_d_actions_then_hands_over_smoothly():
+    executor = make(inference_delay=5, switch_fade_s=0.1)
+    old = chunk_at(0.0)
+    executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
+    run(executor, 0.0, 0.5)
+    request_id, _ = started(executor, 0.5)
+    new = chunk_at(0.5, offset=0.3)
+    executor.add_chunk(new, stamp=0.5, dt=DT, now=0.54, request_id=request_id)
+    commands = dict(run(executor, 0.54, 0.9))
+    switch, fade = 0.6, 0.1
+    for t, cmd in commands.items():
+        i_old, i_new = round(t / DT), round((t - 0.5) / DT)
+        a = min(1.0, max(0.0, (t - switch) / fade))
+        np.testing.assert_allclose(cmd.positions, (1 - a) * old[i_old] + a * new[i_new], atol=1e-9, err_msg=f"t={t}")
+    steps = np.abs(np.diff([c.positions for c in commands.values()], axis=0)).max()
+    assert steps < 0.3 / 5 + 0.03  # the 0.3 disagreement spread over the fade's 5 ticks
+
+
 def test_a_late_chunk_switches_on_arrival():
-    executor = make(inference_delay=2)
+    executor = make(inference_delay=2, switch_fade_s=0.0)
     executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)
     run(executor, 0.0, 0.5)
     request_id, _ = started(executor, 0.5)
@@ -148,6 +166,8 @@ def test_rtc_config_checks_its_ranges():
         RtcConfig(inference_delay=-1)
     with pytest.raises(ValueError, match="latency_window"):
         RtcConfig(latency_window=0)
+    with pytest.raises(ValueError, match="switch_fade_s"):
+        RtcConfig(switch_fade_s=-0.1)
 
 
 class _Meta:

@@ -23,6 +23,13 @@ class RtcConfig:
     inference_delay: int | None = None
     # How many recent chunk latencies the estimate of d looks at.
     latency_window: int = 10
+    # After the d actions of the old plan, fade to the new chunk over this long (s); null: blend_window_s;
+    # 0: switch at once, as in the paper. Guidance makes the chunks agree, but not exactly (a soft
+    # constraint): the fade keeps what is left of their disagreement from reaching the robot as a step.
+    switch_fade_s: float | None = None
+
+    def fade(self, blend_window_s: float) -> float:
+        return blend_window_s if self.switch_fade_s is None else self.switch_fade_s
 
     def __post_init__(self) -> None:
         beta = self.max_guidance_weight
@@ -30,6 +37,9 @@ class RtcConfig:
             raise ValueError(f"control.rtc.max_guidance_weight must be >= 0, got {self.max_guidance_weight}")
         if self.inference_delay is not None and self.inference_delay < 0:
             raise ValueError(f"control.rtc.inference_delay must be >= 0 or null, got {self.inference_delay}")
+        fade = self.switch_fade_s
+        if fade is not None and not (math.isfinite(fade) and fade >= 0):
+            raise ValueError(f"control.rtc.switch_fade_s must be >= 0, got {self.switch_fade_s}")
         if self.latency_window < 1:
             raise ValueError(f"control.rtc.latency_window must be >= 1, got {self.latency_window}")
 
@@ -42,7 +52,7 @@ class ControlConfig:
     prefetch_threshold: float = 0.5
     # How an arriving chunk takes over from the one being executed. rtc: the policy samples it to continue
     # the executing plan (real-time chunking, settings in `rtc`); the executor keeps the old chunk for the
-    # inference delay and then switches, with no blend.
+    # inference delay and then switches (with a short fade, rtc.switch_fade_s).
     blending: Literal["latest", "linear", "ensemble", "rtc"] = "linear"
     # Cross-fade length (linear) and fade-in/out length (ensemble), seconds.
     blend_window_s: float = 0.2

@@ -221,9 +221,11 @@ class ActionChunkExecutor:
         previous = self._traj
         if mode == "rtc" and previous is not None and continued is not None:
             # The chunk continues the plan: its first d actions are the old ones, executed from the old plan;
-            # switch after them (or now, if it arrived later than d promised).
+            # switch after them (or now, if it arrived later than d promised), fading out what guidance left.
             _, stamp, delay = continued
-            return Switch(previous, chunk, max(now, stamp + delay * chunk.dt))
+            switch = max(now, stamp + delay * chunk.dt)
+            fade = self.config.rtc.fade(self.config.blend_window_s)
+            return CrossFade(previous, chunk, switch, fade) if fade > 0 else Switch(previous, chunk, switch)
         if previous is None:
             base = self._base_position()
             previous = Hold(base) if base is not None else None
@@ -302,7 +304,9 @@ class ActionChunkExecutor:
             rows = int(np.count_nonzero(times <= chunk.end + 1e-9))
             if rows == 0:
                 return None
-            plan = np.stack([self._traj.at(float(t)) for t in times[:rows]])
+            # The plan to continue is the newest chunk itself, not the blend being commanded: every fade ends
+            # in it, it is what the policy itself proposed, and the new chunk only takes over after d actions.
+            plan = np.stack([chunk.at(float(t)) for t in times[:rows]])
             delay = self.inference_delay(chunk.dt)
             rtc = self.config.rtc
             request = RtcRequest(

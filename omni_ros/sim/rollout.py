@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from omni_ros.control.config import ControlConfig
-from omni_ros.control.executor import ActionChunkExecutor
+from omni_ros.control.executor import ActionChunkExecutor, Command
 from omni_ros.sim.env import SimEnv
 from omni_ros.sim.expert import ReachExpert
 
@@ -62,8 +62,12 @@ def run_episode(
     render: bool = True,
     stop_on_success: bool = True,
     record_every: int = 0,
+    on_tick: Callable[[float, Command, ActionChunkExecutor], None] | None = None,
 ) -> EpisodeResult:
-    """One episode from `env.reset(seed)`; `record_every` > 0 keeps every n-th tick's camera frames."""
+    """One episode from `env.reset(seed)`; `record_every` > 0 keeps every n-th tick's camera frames.
+
+    `on_tick(now, command, executor)` sees every control tick (benchmarks measure commands with it).
+    """
     env.reset(seed, target=target, prompt=prompt)
     executor = ActionChunkExecutor(env.arm.n_joints, control, control_rate_hz, dry_run=False)
     period = 1.0 / control_rate_hz
@@ -86,6 +90,8 @@ def run_episode(
                 executor.add_chunk(pending[2], pending[1], chunk_dt, now, request)
                 pending = None
         command = executor.tick(now)
+        if on_tick is not None:
+            on_tick(now, command, executor)
         if command.publish:
             env.command(command.positions)
         if record_every > 0 and tick % record_every == 0:
