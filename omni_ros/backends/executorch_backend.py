@@ -12,6 +12,11 @@ only the fused `sample` method runs the whole loop in one call.
 
 Programs are loaded (and XNNPACK packs its weights) in the constructor, so a
 node pays that once at start-up, never per request.
+
+Real-time chunking (`infer(obs, rtc=...)`, staged programs only): hard prefix
+inpainting always (no gradient: the Euler loop freezes the prefix around
+`denoise_step`); guided RTC when the program has the `guided_step` method
+(`omni-ros export --rtc`: the vector-Jacobian product traced into the program).
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ import torch
 
 from omni_ros.config import ConfigError
 from omni_ros.export.methods import STAGED, prefix_mask_of
+from omni_ros.export.rtc_step import NAME as GUIDED_STEP
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
 from omni_ros.observation import make_observation
 from omni_ros.policy.base import BasePolicy
 from omni_ros.policy.inputs import model_inputs, robot_actions
+from omni_ros.policy.rtc import RtcError, RtcRequest, model_target, rtc_sample
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import make_tokenizer
 
@@ -130,6 +137,13 @@ class ExecuTorchPolicy(BasePolicy):
 
             _unsafe_reset_threadpool(num_threads)
         needed = STAGED if mode == "staged" else ("sample",)
+        # Real-time chunking needs the Euler loop out here (staged); guided RTC also the traced guided step.
+        guided = mode == "staged" and GUIDED_STEP in sidecar.methods
+        if guided:
+            needed = (*needed, GUIDED_STEP)
+        self.rtc_methods: tuple[str, ...] = ()
+        if mode == "staged":
+            self.rtc_methods = ("guided", "inpaint") if guided else ("inpaint",)
         try:
             program = runtime.load_program(pte)
             self._methods = {m: program.load_method(m) for m in needed}
@@ -158,8 +172,17 @@ class ExecuTorchPolicy(BasePolicy):
             return [inputs["images"], inputs["tokens"], inputs["token_mask"]]
         return [inputs["images"]]
 
-    def sample(self, inputs: dict[str, torch.Tensor], noise: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-        """Normalized actions (1, H, D) for model inputs of batch 1, and the stage boundary timestamps."""
+    def sample(
+        self,
+        inputs: dict[str, torch.Tensor],
+        noise: torch.Tensor,
+        rtc: RtcRequest | None = None,
+        target: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[float]]:
+        """Normalized actions (1, H, D) for model inputs of batch 1, and the stage boundary timestamps.
+
+        With `rtc` (staged only), the chunk continues `target`, the old plan in normalized units (1, H, D).
+        """
         stamps: list[float] = []
         masks, token_mask = inputs["image_masks"], inputs["token_mask"]
         if self.mode == "fused":
@@ -176,23 +199,50 @@ class ExecuTorchPolicy(BasePolicy):
         prefix_mask = prefix_mask_of(masks, token_mask, self.cfg.vision.num_tokens)
         state = inputs["state"]
 
-        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            return self._run("denoise_step", [prefix_mask, state, x, t, *cache])[0]
+        per_token = len(self.sidecar.methods["denoise_step"].inputs[3].shape) == 2
 
-        actions = euler_sample(velocity, noise, self.num_steps)
+        def times(t: torch.Tensor) -> torch.Tensor:
+            # A program of a training-time-RTC model takes per-token times (B, H).
+            if per_token and t.ndim == 1:
+                return t[:, None].expand(t.shape[0], self.cfg.action_horizon)
+            return t
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return self._run("denoise_step", [prefix_mask, state, x, times(t), *cache])[0]
+
+        def guided_step(x, t, target, weights, weight):
+            return self._run(GUIDED_STEP, [prefix_mask, state, x, times(t), target, weights, weight, *cache])[0]
+
+        if rtc is None:
+            actions = euler_sample(velocity, noise, self.num_steps)
+        else:
+            # The exported guided step is the only gradient here: the eager autograd fallback does not exist.
+            clean = self.cfg.rtc_max_delay > 0
+            step = guided_step if "guided" in self.rtc_methods else None
+            actions = rtc_sample(velocity, noise, self.num_steps, target, rtc, clean_prefix=clean, guided_step=step)
         stamps.append(time.perf_counter())
         return actions, stamps
 
     # -- Policy --------------------------------------------------------------------------------------------------
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+    def infer(self, obs: dict[str, Any], *, rtc: RtcRequest | None = None) -> dict[str, Any]:
         start = time.perf_counter()
         parsed = make_observation(self.spec, obs)
         inputs = model_inputs(self.cfg, self.tokenizer, self.norm_stats, [parsed])
         noise = self._noise()
+        target = None
+        if rtc is not None:
+            if rtc.method not in self.rtc_methods:
+                offer = ", ".join(self.rtc_methods) or "none (a fused program)"
+                raise RtcError(
+                    f"{self.pte}: rtc method '{rtc.method}' needs "
+                    + ("the staged methods" if self.mode == "fused" else "a program exported with --rtc")
+                    + f"; this one supports: {offer}"
+                )
+            target = torch.from_numpy(model_target(self.cfg, self.norm_stats, rtc, parsed.state))
         begin = time.perf_counter()
         with self._lock:  # an ExecuTorch method is not reentrant; callers may share one policy across threads
-            actions, stamps = self.sample(inputs, noise)
+            actions, stamps = self.sample(inputs, noise, rtc, target)
         end = stamps[-1]
         timing = {
             "preprocess_ms": (begin - start) * 1e3,

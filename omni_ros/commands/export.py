@@ -16,6 +16,8 @@ def run(args: argparse.Namespace) -> int:
 
     qnn = QnnOptions(soc=args.qnn_soc, precision=args.qnn_precision)
     methods = tuple(args.methods or METHODS)
+    if args.rtc and "guided_step" not in methods:
+        methods += ("guided_step",)
     try:
         # Refuse a missing SDK/GPU or a bad option before loading and tracing anything.
         check_export_target(args.target, args.quantize, qnn)
@@ -66,7 +68,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="weight quantization for xnnpack (QNN uses --qnn-precision)",
     )
     p.add_argument("--out", required=True, help="output .pte path; the sidecar is written to <out>.json")
-    p.add_argument("--methods", nargs="+", help="methods to export (default: all four)")
+    p.add_argument(
+        "--methods", nargs="+", help="methods to export (default: all four; guided_step is the guided RTC step)"
+    )
+    p.add_argument(
+        "--rtc",
+        action="store_true",
+        help="also export guided_step, the guided real-time-chunking step (a traced backward pass; float32 "
+        "xnnpack/cuda); without it, ExecuTorch serves RTC by hard prefix inpainting",
+    )
     p.add_argument("--num-steps", type=int, help="Euler steps of the fused sample method (default: the model's)")
     p.add_argument("--qnn-soc", default="SM8650", help="Snapdragon SoC for --target qnn (e.g. SM8550, SM8650)")
     p.add_argument("--qnn-precision", default="8a8w", choices=["8a8w", "16a8w", "fp16"], help="QNN HTP precision")

@@ -18,6 +18,8 @@ from omni_ros.export.methods import METHODS, example_inputs, method_module, sign
 from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
 from omni_ros.export.quantize import QUANTIZE, quantize_model
 from omni_ros.export.report import delegation_report
+from omni_ros.export.rtc_step import NAME as GUIDED_STEP
+from omni_ros.export.rtc_step import GuidedStep, guided_signature
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
 from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.normalize import NormStats
@@ -73,9 +75,14 @@ def export_policy(
     The model is copied, switched to its export forms and quantized; the caller's model is untouched.
     """
     check_export_target(target, quantize, qnn)
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in (*METHODS, GUIDED_STEP)]
     if unknown or not methods:
-        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+        raise ValueError(f"unknown methods {unknown}; choose from {', '.join((*METHODS, GUIDED_STEP))}")
+    if GUIDED_STEP in methods and (target == "qnn" or quantize != "none"):
+        raise ValueError(
+            f"method {GUIDED_STEP} (guided real-time chunking) is exported in float32 for xnnpack or cuda only; "
+            "QNN and quantized programs use hard prefix inpainting (control.rtc.method: inpaint)"
+        )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
@@ -95,13 +102,14 @@ def export_policy(
             quantize_model(work, quantize)
             device = "cuda" if target == "cuda" else "cpu"
             work.to(device)
-            sigs = signatures(cfg)
+            sigs = _signatures(cfg, methods)
             programs = {}
             for method in methods:
                 t0 = time.perf_counter()
                 inputs = tuple(x.to(device) for x in example_inputs(sigs[method], cfg))
+                module = GuidedStep(work, inputs) if method == GUIDED_STEP else method_module(work, method, steps)
                 with torch.no_grad():
-                    programs[method] = torch.export.export(method_module(work, method, steps), inputs)
+                    programs[method] = torch.export.export(module, inputs)
                 timings[f"export_{method}_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             if target == "cuda":
@@ -129,7 +137,7 @@ def export_policy(
         quantize=quantize if target != "qnn" else (qnn or QnnOptions()).precision,
         model=cfg,
         norm_stats=norm_stats,
-        methods={m: signatures(cfg)[m] for m in methods},
+        methods={m: _signatures(cfg, methods)[m] for m in methods},
         pte_sha256=file_sha256(out),
         pte_bytes=out.stat().st_size,
         num_steps=steps,
@@ -142,6 +150,13 @@ def export_policy(
     seconds = time.perf_counter() - start
     log.info("exported %s (%s, %s) in %.1f s", out, target, quantize, seconds)
     return ExportResult(out, sidecar_path(out), report, seconds, out.stat().st_size, timings)
+
+
+def _signatures(cfg: Any, methods: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    sigs = signatures(cfg)
+    if GUIDED_STEP in methods:
+        sigs[GUIDED_STEP] = guided_signature(sigs["denoise_step"], cfg.action_horizon)
+    return sigs
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, **kwargs: Any) -> ExportResult:

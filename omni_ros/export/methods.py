@@ -139,7 +139,8 @@ def signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignature]:
                 TensorSpec("prefix_mask", (batch, p), "bool"),
                 state,
                 TensorSpec("x_t", chunk, "float32"),
-                TensorSpec("t", (batch,), "float32"),
+                # Per-token times for a model trained with training-time RTC (its clean prefix has t = 0).
+                TensorSpec("t", (batch, cfg.action_horizon) if cfg.rtc_max_delay else (batch,), "float32"),
                 *kv,
             ),
             (TensorSpec("velocity", chunk, "float32"),),

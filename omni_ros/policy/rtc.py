@@ -38,6 +38,9 @@ import numpy as np
 import torch
 
 from omni_ros.errors import OmniRosError
+from omni_ros.policy.inputs import action_targets
+from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.normalize import NormStats
 
 # (x_t (B, H, D), t (B,) or per-token (B, H)) -> velocity (B, H, D); `euler_sample`'s callable, generalized.
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -225,6 +228,11 @@ def _times(batch: int, step: int, num_steps: int, like: torch.Tensor) -> tuple[f
     return dt, torch.full((batch,), 1.0 + step * dt, device=like.device, dtype=like.dtype)
 
 
+# (x_t, t, target, weights (H,), guidance weight (B,)) -> guided velocity: the whole guided step computed
+# elsewhere, e.g. by an ExecuTorch program's `guided_step` method (omni_ros.export.rtc_step).
+GuidedStepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def guided_sample(
     velocity: VelocityFn,
     noise: torch.Tensor,
@@ -232,12 +240,21 @@ def guided_sample(
     target: torch.Tensor,
     weights: torch.Tensor,
     max_weight: float,
+    guided_step: GuidedStepFn | None = None,
 ) -> torch.Tensor:
-    """`euler_sample` with every step guided towards `target` under the soft mask `weights`."""
+    """`euler_sample` with every step guided towards `target` under the soft mask `weights`.
+
+    `guided_step`, if given, computes the guided velocity instead of autograd (same math, see GuidedStepFn).
+    """
     x = noise
+    unguided = max_weight == 0 or not bool(torch.any(weights != 0))
     for step in range(num_steps):
         dt, t = _times(noise.shape[0], step, num_steps, noise)
-        x = x + dt * guided_velocity(velocity, x, t, target, weights, max_weight)
+        if guided_step is None or unguided:
+            v = guided_velocity(velocity, x, t, target, weights, max_weight)
+        else:
+            v = guided_step(x, t, target, weights, guidance_weight(t, max_weight).to(x.dtype))
+        x = x + dt * v
     return x
 
 
@@ -280,6 +297,7 @@ def rtc_sample(
     target: torch.Tensor,
     request: RtcRequest,
     clean_prefix: bool = False,
+    guided_step: GuidedStepFn | None = None,
 ) -> torch.Tensor:
     """Sample one chunk continuing `target` (B, H, D, normalized, zero-padded) as `request` asks."""
     start, end = request.mask_range(noise.shape[1])
@@ -287,15 +305,21 @@ def rtc_sample(
         return inpaint_sample(velocity, noise, num_steps, target, start, clean_prefix=clean_prefix)
     weights = prefix_weights(start, end, noise.shape[1], request.schedule)
     beta = request.max_guidance_weight
-    return guided_sample(velocity, noise, num_steps, target, weights, float(num_steps) if beta is None else beta)
+    beta = float(num_steps) if beta is None else beta
+    return guided_sample(velocity, noise, num_steps, target, weights, beta, guided_step)
 
 
-def padded_plan(actions: np.ndarray, horizon: int) -> tuple[np.ndarray, int]:
-    """The old plan cut or zero-padded to `horizon` rows, and how many rows are real."""
-    rows = min(horizon, len(actions))
-    out = np.zeros((horizon, actions.shape[1]), dtype=np.float32)
-    out[:rows] = actions[:rows]
-    return out, rows
+def model_target(cfg: ModelConfig, norm_stats: NormStats, request: RtcRequest, state: np.ndarray) -> np.ndarray:
+    """The old plan (robot units) in the model's normalized action space for an observation of `state`,
+    cut or zero-padded to the horizon: (1, H, action_dim) float32. Every backend's policy uses this."""
+    h = cfg.action_horizon
+    request.check(h, cfg.action_dim)
+    rows = min(h, len(request.actions))
+    plan = np.zeros((h, cfg.action_dim), dtype=np.float32)
+    plan[:rows] = request.actions[:rows]
+    target = action_targets(cfg, norm_stats, plan[None], np.asarray(state, dtype=np.float32)[None])
+    target[:, rows:] = 0.0  # no old plan there (its weight is 0 too)
+    return target.astype(np.float32)
 
 
 # ----- training-time RTC (arXiv 2512.05964) -------------------------------------------------------------------

@@ -14,11 +14,11 @@ from omni_ros.errors import OmniRosError
 from omni_ros.observation import make_observation
 from omni_ros.policy.base import BasePolicy
 from omni_ros.policy.checkpoint import load_checkpoint
-from omni_ros.policy.inputs import action_targets, model_inputs, robot_actions
+from omni_ros.policy.inputs import model_inputs, robot_actions
 from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.model_config import ModelConfig, preset
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.rtc import METHODS, RtcRequest, padded_plan, rtc_sample
+from omni_ros.policy.rtc import METHODS, RtcRequest, model_target, rtc_sample
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import Tokenizer, make_tokenizer
 
@@ -129,21 +129,15 @@ class TorchPolicy(BasePolicy):
     def infer_batch(self, observations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return self._infer(observations, None)
 
-    def rtc_target(self, rtc: RtcRequest, state: np.ndarray) -> torch.Tensor:
-        """The old plan (robot units) in the model's normalized action space for an observation of `state`,
-        zero past its end: (1, H, action_dim)."""
-        rtc.check(self.cfg.action_horizon, self.cfg.action_dim)
-        plan, rows = padded_plan(rtc.actions, self.cfg.action_horizon)
-        target = action_targets(self.cfg, self.norm_stats, plan[None], np.asarray(state)[None])
-        target[:, rows:] = 0.0
-        return torch.from_numpy(target).to(self.device, self.dtype)
-
     def _infer(self, observations: Sequence[dict[str, Any]], rtc: RtcRequest | None) -> list[dict[str, Any]]:
         start = time.perf_counter()
         parsed = [make_observation(self.spec, obs) for obs in observations]
         inputs = model_inputs(self.cfg, self.tokenizer, self.norm_stats, parsed, self.device, self.dtype)
         noise = self._noise(len(parsed))
-        target = self.rtc_target(rtc, parsed[0].state) if rtc is not None else None
+        target = None
+        if rtc is not None:
+            target = torch.from_numpy(model_target(self.cfg, self.norm_stats, rtc, parsed[0].state))
+            target = target.to(self.device, self.dtype)
         stamps = [time.perf_counter()]
         # Guided RTC differentiates through the denoise step: no_grad (not inference_mode) for the prefix, so
         # its KV cache can enter the autograd graph as a constant.
