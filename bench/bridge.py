@@ -9,7 +9,7 @@ thread each) in this one, over 127.0.0.1. Measured:
     key mapping only; p50 / p95 / mean in ms;
   - throughput (requests/s) with 1, 4 and 16 concurrent clients, batching off
     and on, trivial policy;
-  - with the real `small` TorchPolicy preset (random weights): one client vs
+  - with the real `small` preset (random weights): one client vs
     16 clients with batching on (and off), side by side in this run.
 """
 
@@ -49,7 +49,7 @@ class TrivialPolicy(BasePolicy):
         self.metadata = PolicyMetadata("trivial", "none", CAMERAS, 224, STATE_DIM, ACTION_DIM, 50)
         self._actions = np.zeros((50, ACTION_DIM), np.float32)
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+    def infer(self, obs: dict[str, Any], *, noise: Any = None) -> dict[str, Any]:
         return {"actions": self._actions}
 
 
@@ -63,9 +63,9 @@ def _server_main(kind: str, batching: bool, max_batch: int, max_wait_ms: float, 
         import torch
 
         torch.set_num_threads(threads)
-        from omni_ros.policy.torch_policy import TorchPolicy
+        from omni_ros.policy.loading import from_preset
 
-        policy = TorchPolicy.from_preset(kind, camera_names=CAMERAS, state_dim=STATE_DIM, action_dim=ACTION_DIM, seed=0)
+        policy = from_preset(kind, camera_names=CAMERAS, state_dim=STATE_DIM, action_dim=ACTION_DIM, seed=0)
     config = ServeConfig(port=0, batching=BatchingConfig(batching, max_batch=max_batch, max_wait_ms=max_wait_ms))
     with ServerThread(policy, config) as server:
         pipe.send(server.port)

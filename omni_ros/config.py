@@ -36,6 +36,23 @@ class ConfigError(OmniRosError, ValueError):
 
 
 @dataclass
+class RemoteConfig:
+    """An OpenPI WebSocket server that runs the policy (`policy.backend: remote`)."""
+
+    # ws://host:port or wss://host:port
+    url: str = ""
+    # openpi key layout the server expects (droid, libero, aloha, a YAML path); empty: the one the server announces.
+    keymap: str = ""
+    # Sent as `Authorization: Api-Key ...`; empty: the environment variable named by api_key_env, if set.
+    api_key: str = ""
+    api_key_env: str = "OMNI_ROS_API_KEY"
+    connect_timeout_s: float = 5.0
+    # A reply later than this is never used (the connection is dropped instead).
+    deadline_s: float = 2.0
+    retries: int = 3
+
+
+@dataclass
 class PolicyConfig:
     """Which policy to run and how."""
 
@@ -56,6 +73,8 @@ class PolicyConfig:
     seed: int | None = 0
     # torch intra-op threads; 0 keeps torch's default.
     num_threads: int = 0
+    # backend remote: the server to ask.
+    remote: RemoteConfig = field(default_factory=RemoteConfig)
 
 
 @dataclass

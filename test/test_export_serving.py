@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +14,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from rclpy.executors import SingleThreadedExecutor
 from trajectory_msgs.msg import JointTrajectory
 
+from helpers.bridge_util import start_serve, stop_serve
 from helpers.pte_cache import exported_tiny
 from omni_ros.msg import ActionChunk, PolicyStatus
 
@@ -96,30 +94,14 @@ def test_policy_node_serves_a_pte_over_dds(sim_pte, tmp_path, root, ros_context)
 
 
 def test_openpi_bridge_serves_a_pte(sim_pte, tmp_path, root):
-    from omni_ros.backends.executorch_backend import ExecuTorchPolicy
-    from omni_ros.policy.torch_policy import TorchPolicy
+    from omni_ros.backends.executorch_runner import load_pte
+    from omni_ros.policy.loading import from_preset
     from omni_ros.serving.keymap import load_keymap
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "omni_ros.cli", "serve", "--port", "0", "--config", _config(tmp_path, sim_pte)],
-        cwd=root,
-        env=dict(os.environ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, url, metadata = start_serve(root, "--config", _config(tmp_path, sim_pte))
     try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("}"):
-                break
-        text = "".join(lines)
-        match = re.search(r"listening on (ws://127\.0\.0\.1:\d+)", text)
-        assert match, text + proc.stderr.read()
-        metadata = json.loads(text[text.index("{") :])
         assert metadata["backend"] == "executorch-xnnpack" and metadata["action_dim"] == 3
-        client = WebsocketClientPolicy(match.group(1))
+        client = WebsocketClientPolicy(url)
         assert client.get_server_metadata()["camera_names"] == ["base", "wrist"]
         rng = np.random.default_rng(0)
         obs = {
@@ -130,11 +112,10 @@ def test_openpi_bridge_serves_a_pte(sim_pte, tmp_path, root):
         }
         results = [client.infer(obs) for _ in range(2)]
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
+        stop_serve(proc)
     raw = load_keymap("omni_sim").to_raw(obs)
-    local = ExecuTorchPolicy(sim_pte, num_threads=1).infer(raw)["actions"]
-    eager = TorchPolicy.from_preset("tiny", state_dim=3, action_dim=3).infer(raw)["actions"]
+    local = load_pte(sim_pte, num_threads=1).infer(raw)["actions"]
+    eager = from_preset("tiny", state_dim=3, action_dim=3).infer(raw)["actions"]
     for result in results:
         assert result["actions"].shape == (8, 3)
         np.testing.assert_array_equal(result["actions"], local)  # what the server ran is the .pte

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from helpers.policy_harness import JOINTS, Harness
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture

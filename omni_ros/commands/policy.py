@@ -8,8 +8,8 @@ import sys
 
 
 def _load(args: argparse.Namespace):
+    from omni_ros.backends.factory import load_policy
     from omni_ros.config import PolicyConfig
-    from omni_ros.policy.factory import load_policy
 
     config = PolicyConfig(
         preset=args.preset,
@@ -24,11 +24,11 @@ def _load(args: argparse.Namespace):
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from omni_ros.policy.model import Pi0Model, count_parameters
-    from omni_ros.policy.model_config import preset
+    from omni_ros.policy.pi0.modeling import Pi0Model, count_parameters
+    from omni_ros.policy.pi0.presets import preset
 
     if args.checkpoint:
-        from omni_ros.policy.checkpoint import read_checkpoint_config
+        from omni_ros.policy.layouts.omni import read_checkpoint_config
 
         cfg, stats, extra = read_checkpoint_config(args.checkpoint)
     else:

@@ -22,7 +22,7 @@ def _load_policy(args: argparse.Namespace, config: Any, keymap: Any) -> Any:
             raise ConfigError(f"--policy-factory: expected MODULE:CALLABLE, got {args.policy_factory!r}")
         factory = getattr(importlib.import_module(module_name), attr)
         return factory(**dims)
-    from omni_ros.policy.factory import load_policy
+    from omni_ros.backends.factory import load_policy
 
     return load_policy(config.policy, **dims)
 

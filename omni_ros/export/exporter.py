@@ -19,8 +19,8 @@ from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
 from omni_ros.export.quantize import QUANTIZE, quantize_model
 from omni_ros.export.report import delegation_report
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
-from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pi0.modeling import Pi0Model
 
 TARGETS = ("xnnpack", "qnn", "cuda")
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def export_policy(
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, **kwargs: Any) -> ExportResult:
     """Export a checkpoint directory (weights, norm stats and its tokenizer file if any)."""
-    from omni_ros.policy.checkpoint import load_checkpoint
+    from omni_ros.policy.layouts.omni import load_checkpoint
 
     checkpoint = Path(checkpoint)
     model, stats, _ = load_checkpoint(checkpoint)
@@ -159,14 +159,12 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, **kwargs: Any) ->
 
 
 def export_preset(preset_name: str, out: str | Path, weights_seed: int = 0, **kwargs: Any) -> ExportResult:
-    """Export a built-in architecture with seeded random weights (the same weights `TorchPolicy.from_preset` builds)."""
-    from omni_ros.policy.model_config import preset
+    """Export a built-in architecture with seeded random weights (the same weights `from_preset` builds)."""
+    from omni_ros.policy.pi0.presets import build_preset
 
     overrides = {k: kwargs.pop(k) for k in ("camera_names", "state_dim", "action_dim") if k in kwargs}
-    cfg = preset(preset_name, **overrides)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(weights_seed)
-        model = Pi0Model(cfg)
+    model = build_preset(preset_name, weights_seed, **overrides)
+    cfg = model.cfg
     kwargs.setdefault("name", f"{preset_name} (random weights)")
     return export_policy(model, NormStats.identity(cfg.state_dim, cfg.action_dim), out, **kwargs)
 

@@ -20,8 +20,8 @@ import torch
 
 from omni_ros.errors import OmniRosError
 from omni_ros.export.methods import MethodSignature, method_module, signatures
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.pi0.modeling import Pi0Model
 from omni_ros.policy.sampler import euler_sample
 
 # Snapdragon SoCs with an HTP (Hexagon tensor processor) and its architecture version.

@@ -18,8 +18,8 @@ from typing import Any
 
 from omni_ros.errors import OmniRosError
 from omni_ros.export.methods import MethodSignature
-from omni_ros.policy.model_config import ModelConfig
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pi0.configuration import ModelConfig
 
 FORMAT = "omni_ros.pte.v1"
 # The flatbuffer file identifier of an ExecuTorch program (bytes 4-8). The runtime aborts the whole process on

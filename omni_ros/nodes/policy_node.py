@@ -87,7 +87,7 @@ class PolicyNode(LifecycleNode):
         joints = cfg.robot.joint_names
         try:
             if self.policy is None:
-                from omni_ros.policy.factory import load_policy
+                from omni_ros.backends.factory import load_policy
 
                 self.policy = load_policy(
                     cfg.policy,

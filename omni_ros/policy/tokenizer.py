@@ -4,12 +4,22 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from omni_ros.policy.model_config import TokenizerConfig
+
+@dataclass
+class TokenizerConfig:
+    """`bytes` needs no file; `words` maps whole words of `vocab` to one token each (unknown words share
+    one id); `sentencepiece` loads a local .model file."""
+
+    kind: str = "bytes"
+    path: str | None = None
+    max_tokens: int = 48
+    vocab: list[str] = field(default_factory=list)
 
 
 class Tokenizer(Protocol):

@@ -18,6 +18,7 @@ websockets' 1 MiB); an optional API key is checked in constant time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import http
 import logging
@@ -266,9 +267,12 @@ class PolicyServer:
     ) -> bytes | None:
         if isinstance(message, str):
             raise RequestError("expected a binary msgpack frame, got a text frame")
-        raw = self.keymap.to_raw(unpackb(message))
+        request = unpackb(message)
+        # Explicit flow-matching noise (openpi's `Policy.infer(obs, noise=...)`), announced by `noise_shape`.
+        noise = request.pop("noise", None) if isinstance(request, dict) else None
+        raw = self.keymap.to_raw(request)
         start = time.monotonic()
-        inference = asyncio.ensure_future(self._infer(raw))
+        inference = asyncio.ensure_future(self._infer(raw, noise))
         closed = asyncio.ensure_future(conn.wait_closed())
         try:
             await asyncio.wait({inference, closed}, return_when=asyncio.FIRST_COMPLETED)
@@ -292,11 +296,12 @@ class PolicyServer:
         reply["server_timing"] = server_timing
         return packb(reply)
 
-    async def _infer(self, raw: dict[str, Any]) -> tuple[dict[str, Any], BatchInfo | None]:
-        if self._batcher is not None:
+    async def _infer(self, raw: dict[str, Any], noise: Any = None) -> tuple[dict[str, Any], BatchInfo | None]:
+        if self._batcher is not None and noise is None:
             return await self._batcher.submit(raw)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.policy.infer, raw), None
+        call = self.policy.infer if noise is None else functools.partial(self.policy.infer, noise=noise)
+        return await loop.run_in_executor(self._executor, call, raw), None
 
     async def _send_error(self, conn: ServerConnection, peer: str, exc: Exception) -> None:
         if isinstance(exc, (*CLIENT_ERRORS, RequestError)):

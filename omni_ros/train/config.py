@@ -10,7 +10,7 @@ from typing import Any
 class TrainConfig:
     """Every knob of one training run; the command line may override a few."""
 
-    # Architecture of a fresh model (omni_ros.policy.model_config.PRESETS) ...
+    # Architecture of a fresh model (omni_ros.policy.pi0.presets.PRESETS) ...
     preset: str = "demo"
     # Fields of the preset to change, nested as in a checkpoint's config.json (e.g. {vision: {image_size: 64}}).
     model: dict[str, Any] = field(default_factory=dict)

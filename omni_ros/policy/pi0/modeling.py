@@ -3,11 +3,11 @@
 Inference is three stages, each a method that `torch.export` can take on its
 own (static shapes per config, no data-dependent Python control flow):
 
-    embed_prefix(images, image_masks, tokens, token_mask) -> prefix, prefix_mask
-    prefill(prefix, prefix_mask)                          -> kv cache   (once)
-    denoise_step(cache, prefix_mask, state, x_t, t)       -> velocity   (num_steps times)
+    embed_prefix(inputs)                             -> prefix, prefix_mask
+    prefill(prefix, prefix_mask)                     -> kv cache   (once)
+    denoise_step(cache, prefix_mask, state, x_t, t)  -> velocity   (num_steps times)
 
-Inputs are already normalized tensors; `TorchPolicy` does the numpy side.
+`inputs` is a `ModelInputs` of normalized tensors; the family's processor builds it.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.policy.action_expert import ActionExpert
-from omni_ros.policy.backbone import Backbone, KVCache
-from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.pi0.action_expert import ActionExpert
+from omni_ros.policy.pi0.backbone import Backbone, KVCache
+from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.pi0.vision import VisionEncoder
 from omni_ros.policy.sampler import euler_sample, noisy_actions, sample_time
-from omni_ros.policy.vision import VisionEncoder
 
 
 class Pi0Model(nn.Module):
@@ -56,12 +57,16 @@ class Pi0Model(nn.Module):
         embedded = self.backbone.embed_text(tokens).to(dtype)
         return (embedded * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
-    def embed_prefix(
-        self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor, token_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def embed_prefix(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefix embeddings [image tokens, prompt tokens] (B, P, W) and their validity mask (B, P)."""
-        image_tokens = self.encode_images(images, tokens, token_mask)
-        per_camera = image_tokens.shape[1] // images.shape[1]
+        image_tokens = self.encode_images(inputs.images, inputs.tokens, inputs.token_mask)
+        return self.join_prefix(image_tokens, inputs.image_masks, inputs.tokens, inputs.token_mask)
+
+    def join_prefix(
+        self, image_tokens: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor, token_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[image tokens, embedded prompt] (B, P, W) and the prefix validity mask (B, P)."""
+        per_camera = image_tokens.shape[1] // image_masks.shape[1]
         image_token_mask = image_masks.repeat_interleave(per_camera, dim=1)
         prefix = torch.cat([image_tokens, self.backbone.embed_text(tokens).to(image_tokens.dtype)], dim=1)
         return prefix, torch.cat([image_token_mask, token_mask], dim=1)
@@ -75,15 +80,7 @@ class Pi0Model(nn.Module):
         return self.expert(cache, prefix_mask, state, x_t, t)
 
     def sample(
-        self,
-        images: torch.Tensor,
-        image_masks: torch.Tensor,
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-        state: torch.Tensor,
-        noise: torch.Tensor,
-        num_steps: int | None = None,
-        use_cache: bool = True,
+        self, inputs: ModelInputs, noise: torch.Tensor, num_steps: int | None = None, use_cache: bool = True
     ) -> torch.Tensor:
         """Normalized action chunk (B, H, action_dim) from `noise` of the same shape.
 
@@ -91,7 +88,8 @@ class Pi0Model(nn.Module):
         cached path must equal, and the baseline the benchmark compares with.
         """
         num_steps = num_steps or self.cfg.num_steps
-        prefix, prefix_mask = self.embed_prefix(images, image_masks, tokens, token_mask)
+        state = inputs.state
+        prefix, prefix_mask = self.embed_prefix(inputs)
         if use_cache:
             cache = self.prefill(prefix, prefix_mask)
             return euler_sample(lambda x, t: self.denoise_step(cache, prefix_mask, state, x, t), noise, num_steps)
@@ -103,11 +101,7 @@ class Pi0Model(nn.Module):
 
     def loss(
         self,
-        images: torch.Tensor,
-        image_masks: torch.Tensor,
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-        state: torch.Tensor,
+        inputs: ModelInputs,
         actions: torch.Tensor,
         generator: torch.Generator | None = None,
         goal: torch.Tensor | None = None,
@@ -120,8 +114,8 @@ class Pi0Model(nn.Module):
         noise = torch.randn(actions.shape, generator=generator, device=actions.device, dtype=actions.dtype)
         t = sample_time(actions.shape[0], generator, actions.device).to(actions.dtype)
         x_t, target = noisy_actions(actions, noise, t)
-        prefix, prefix_mask = self.embed_prefix(images, image_masks, tokens, token_mask)
-        suffix = self.expert.suffix(self.prefill(prefix, prefix_mask), prefix_mask, state, x_t, t)
+        prefix, prefix_mask = self.embed_prefix(inputs)
+        suffix = self.expert.suffix(self.prefill(prefix, prefix_mask), prefix_mask, inputs.state, x_t, t)
         velocity = self.expert.action_out_proj(suffix[:, 1:])
         loss = F.mse_loss(velocity.float(), target.float())
         if goal is not None and goal_weight > 0:

@@ -13,8 +13,9 @@ import math
 import torch
 from torch import nn
 
-from omni_ros.policy.layers import DecoderLayer, additive_mask, attention, rope_cos_sin
-from omni_ros.policy.model_config import TransformerConfig
+from omni_ros.policy.layers import additive_mask, attention, rope_cos_sin
+from omni_ros.policy.pi0.configuration import TransformerConfig
+from omni_ros.policy.pi0.gemma import DecoderLayer
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (B, kv_heads, P, head_dim) each
 

@@ -1,4 +1,4 @@
-"""Checkpoints: a directory with `config.json` and `model.safetensors`.
+"""omni_ros's own checkpoint layout: a directory with `config.json` and `model.safetensors`.
 
 config.json holds everything needed to rebuild and run the model: the
 architecture (cameras, dims, horizon, tokenizer included) and the
@@ -13,20 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from omni_ros.config import ConfigError
-from omni_ros.errors import OmniRosError
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.layouts.common import Checkpoint, CheckpointError, load_strict
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.tokenizer import make_tokenizer
 
 FORMAT = "omni_ros.pi0.v1"
-
-
-class CheckpointError(OmniRosError, RuntimeError):
-    """A checkpoint is missing, truncated or does not match its config."""
 
 
 def save_checkpoint(
@@ -65,34 +61,37 @@ def read_checkpoint_config(path: str | Path) -> tuple[ModelConfig, NormStats, di
     return cfg, stats, meta.get("extra", {})
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Pi0Model, NormStats, dict]:
-    """Rebuild the model from config.json and load its weights, strictly."""
+def is_omni_checkpoint(path: Path) -> bool:
+    """A directory whose config.json says it is in this format."""
+    try:
+        return json.loads((path / "config.json").read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def read(path: str | Path) -> Checkpoint:
+    """The family config, weights, norm stats and tokenizer of an omni_ros checkpoint directory."""
     path = Path(path)
     cfg, stats, extra = read_checkpoint_config(path)
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        raise CheckpointError(f"{path}: no model.safetensors")
     try:
-        state = load_file(str(weights), device=str(device))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{weights}: cannot read weights (truncated or corrupt?): {exc}") from exc
-    model = Pi0Model(cfg)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = [
-        f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if missing or unexpected or wrong:
-        details = []
-        if missing:
-            details.append(f"missing {len(missing)} tensors (e.g. {missing[:3]})")
-        if unexpected:
-            details.append(f"{len(unexpected)} unexpected tensors (e.g. {unexpected[:3]})")
-        if wrong:
-            details.append(f"{len(wrong)} shape mismatches (checkpoint vs config, e.g. {wrong[:3]})")
-        raise CheckpointError(f"{weights} does not match {path / 'config.json'}: " + "; ".join(details))
-    model.load_state_dict(state)
-    return model.to(device).eval(), stats, extra
+        tokenizer = make_tokenizer(cfg.tokenizer, base_dir=path)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: tokenizer: {exc}") from exc
+    return Checkpoint(
+        path=path,
+        layout="omni_ros",
+        family="pi0",
+        config=cfg,
+        weights=path / "model.safetensors",
+        norm_stats=stats,
+        tokenizer=tokenizer,
+        extra=extra,
+    )
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Pi0Model, NormStats, dict]:
+    """Rebuild the model from config.json and load its weights, strictly."""
+    checkpoint = read(path)
+    model = Pi0Model(checkpoint.config)
+    load_strict(model, checkpoint.weights, checkpoint.config_file)
+    return model.to(device).eval(), checkpoint.norm_stats, checkpoint.extra

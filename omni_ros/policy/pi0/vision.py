@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.layers import attention, layer_norm
-from omni_ros.policy.model_config import VisionConfig
+from omni_ros.policy.pi0.configuration import VisionConfig
 
 
 class VitBlock(nn.Module):

@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.policy.backbone import KVCache
-from omni_ros.policy.layers import DecoderLayer, RMSNorm, additive_mask, attention, rope_cos_sin
-from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.layers import additive_mask, attention, rope_cos_sin
+from omni_ros.policy.pi0.backbone import KVCache
+from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.pi0.gemma import DecoderLayer, RMSNorm
 
 
 def time_embedding(t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> torch.Tensor:

@@ -1,0 +1,42 @@
+"""Model families: what each supplies to the one inference path (its model and its processor).
+
+A checkpoint layout names the family its folder holds (`Checkpoint.family`); `get(name)` gives the
+pieces `omni_ros.policy.load` puts together. A new family adds one folder and one entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pipeline import Processor
+from omni_ros.policy.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    # config -> a model with random weights (its inference stages: see omni_ros.policy.torch_runner)
+    build_model: Callable[[Any], nn.Module]
+    # (config, norm stats, tokenizer) -> the family's pre/post-processing
+    build_processor: Callable[[Any, NormStats, Tokenizer | None], Processor]
+
+
+def _pi0() -> Family:
+    from omni_ros.policy.pi0.modeling import Pi0Model
+    from omni_ros.policy.pi0.processing import Pi0Processor
+
+    return Family("pi0", Pi0Model, lambda cfg, stats, tok: Pi0Processor(cfg, stats, tok))
+
+
+_FAMILIES: dict[str, Callable[[], Family]] = {"pi0": _pi0}
+
+
+def get(name: str) -> Family:
+    if name not in _FAMILIES:
+        raise ValueError(f"unknown model family '{name}'; known: {', '.join(sorted(_FAMILIES))}")
+    return _FAMILIES[name]()

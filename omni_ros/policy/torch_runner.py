@@ -1,0 +1,85 @@
+"""The PyTorch runner (CPU and CUDA, float32 and bfloat16): eager stages with the prefix KV cache.
+
+Any family's model works here if it has the three inference stages
+
+    embed_prefix(inputs)                            -> prefix, prefix_mask
+    prefill(prefix, prefix_mask)                    -> KV cache   (once per inference)
+    denoise_step(cache, prefix_mask, state, x, t)   -> velocity   (num_steps times)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from omni_ros.errors import OmniRosError
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.pipeline import Sampled, StageClock
+from omni_ros.policy.sampler import euler_sample
+
+
+class DeviceError(OmniRosError, RuntimeError):
+    """The configured device cannot be used here."""
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """`cpu` or `cuda[:N]`; CUDA that is absent is an error, never a silent CPU fallback."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"policy.device is '{device}' but CUDA is not available to this PyTorch "
+                f"(torch {torch.__version__}, built with CUDA: {torch.version.cuda or 'no'}); "
+                "install a CUDA build of torch or set policy.device: cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceError(f"policy.device is '{device}' but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif dev.type != "cpu":
+        raise DeviceError(f"unsupported policy.device '{device}'; use cpu or cuda[:N]")
+    return dev
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype '{dtype}'; use one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class TorchRunner:
+    """Runs an eager model; the model is moved to the device and dtype once, here."""
+
+    max_batch = None
+    draws_noise = False
+
+    def __init__(self, model: nn.Module, device: str = "cpu", dtype: str = "float32") -> None:
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype)
+        self.model = model.to(self.device, self.dtype).eval()
+        self.backend = f"torch-{self.device.type}" + ("-bf16" if self.dtype == torch.bfloat16 else "")
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def sample(self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int) -> Sampled:
+        if noise is None:
+            raise ValueError("the torch runner needs the sampling noise")
+        model = self.model
+        with torch.inference_mode():
+            clock = StageClock(self._sync)
+            prefix, prefix_mask = model.embed_prefix(inputs)
+            clock.lap("embed_prefix_ms")
+            cache = model.prefill(prefix, prefix_mask)
+            clock.lap("prefill_ms")
+            actions = euler_sample(
+                lambda x, t: model.denoise_step(cache, prefix_mask, inputs.state, x, t), noise, num_steps
+            )
+            result = actions.float().cpu().numpy()
+            clock.lap("denoise_ms")
+        return Sampled(result, clock.ms)
+
+    def close(self) -> None:
+        """Nothing to release: the weights go with the object."""
