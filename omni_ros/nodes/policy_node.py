@@ -289,11 +289,10 @@ class PolicyNode(LifecycleNode):
     def _on_control_tick(self) -> None:
         now = self._now()
         problem = self.assembler.check(now)
-        if problem and problem.startswith(("no frame yet from camera", "camera")):
-            camera = problem.split("'")[1] if "'" in problem else ""
-            if camera in self._camera_errors:
-                problem += f" (last frame rejected: {self._camera_errors[camera]})"
-        self.executor_.set_stale(bool(problem), problem)
+        reason = str(problem) if problem is not None else ""
+        if problem is not None and problem.camera in self._camera_errors:
+            reason += f" (last frame rejected: {self._camera_errors[problem.camera]})"
+        self.executor_.set_stale(problem is not None, reason)
         if self._active and self.executor_.should_request(now):
             self._start_inference(now)
         command = self.executor_.tick(now)
