@@ -185,11 +185,13 @@ class ObservationAssembler:
             problem = self._problem(now)
             if problem is not None:
                 raise StaleInput(problem)
+            held_state, held_prompt = self._state, self._prompt
+            assert held_state is not None and held_prompt is not None  # no problem: both are held
             images = {name: self._images[name][0] for name in self.camera_names}
             stamps = {camera_source(name): self._images[name][1] for name in self.camera_names}
-            stamps[STATE] = self._state[1]
-            prompt = self._prompt[0]
-            state = self._state[0].copy()
+            stamps[STATE] = held_state[1]
+            prompt = held_prompt[0]
+            state = held_state[0].copy()
         return Assembled({"images": images, "state": state, "prompt": prompt}, min(stamps.values()), stamps)
 
     def _problem(self, now: float) -> Problem | None:
