@@ -240,8 +240,3 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     e.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     e.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     e.set_defaults(func=run_eval)
-
-
-def _print_json(data: dict) -> None:
-    json.dump(data, sys.stdout, indent=2)
-    sys.stdout.write("\n")
