@@ -13,10 +13,10 @@ import torch
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
+from omni_ros.backends.factory import load_policy
 from omni_ros.config import load_config
 from omni_ros.control.executor import ExecState
 from omni_ros.nodes.policy_loop import RATE_WINDOW_S, Chunk, Counters, PolicyLoop
-from omni_ros.policy.factory import load_policy
 from omni_ros.ros_convert import rgb_to_image, sec_to_stamp
 
 JOINTS = ["joint_1", "joint_2", "joint_3"]
