@@ -24,7 +24,13 @@ setup(
         "pyyaml>=6.0",
     ],
     extras_require={
-        "policy": ["torch>=2.4", "safetensors>=0.4", "opencv-python-headless>=4.10"],
+        "policy": [
+            "torch>=2.4",
+            "safetensors>=0.4",
+            "opencv-python-headless>=4.10",
+            "tokenizers>=0.20",
+            "sentencepiece>=0.2",
+        ],
         "serve": ["websockets>=13", "msgpack>=1.0"],
         "ros": [
             "ros-wheels-bootstrapper",

@@ -42,7 +42,7 @@ def test_word_tokenizer_truncates_and_rejects_bad_vocab():
 def test_make_tokenizer_kinds():
     assert isinstance(make_tokenizer(TokenizerConfig()), ByteTokenizer)
     assert isinstance(make_tokenizer(TokenizerConfig(kind="words", vocab=["x"])), WordTokenizer)
-    with pytest.raises(ValueError, match="'bytes', 'words' or 'sentencepiece'"):
+    with pytest.raises(ValueError, match="'bytes', 'words', 'hf' or 'sentencepiece'"):
         make_tokenizer(TokenizerConfig(kind="bpe"))
 
 

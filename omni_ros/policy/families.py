@@ -27,10 +27,18 @@ class Family:
 
 
 def _pi0() -> Family:
+    """pi0 and pi0.5 (`ModelConfig.variant`): omni_ros's own models and LeRobot / openpi checkpoints."""
     from omni_ros.policy.pi0.modeling import Pi0Model
-    from omni_ros.policy.pi0.processing import Pi0Processor
+    from omni_ros.policy.pi0.processing import Pi0Processor, ReferenceProcessor
 
-    return Family("pi0", Pi0Model, lambda cfg, stats, tok: Pi0Processor(cfg, stats, tok))
+    def processor(cfg: Any, stats: NormStats, tokenizer: Tokenizer | None) -> Processor:
+        if cfg.processing.convention == "reference":
+            if tokenizer is None:
+                raise ValueError("a reference pi0 / pi0.5 checkpoint needs its tokenizer")
+            return ReferenceProcessor(cfg, stats, tokenizer)
+        return Pi0Processor(cfg, stats, tokenizer)
+
+    return Family("pi0", Pi0Model, processor)
 
 
 _FAMILIES: dict[str, Callable[[], Family]] = {"pi0": _pi0}

@@ -79,3 +79,14 @@ def bmm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
         scores = (scores.view(b, h, tq, tk) + bias).view(b * kv, groups * tq, tk)
     out = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(b * kv, tk, d))
     return out.view(b, h, tq, d).transpose(1, 2).reshape(b, tq, h * d)
+
+
+def gelu(x: torch.Tensor, approximate: str = "none", export_form: bool = False) -> torch.Tensor:
+    """GELU, exact ("none") or the tanh approximation ("tanh", the reference pi0 models' choice).
+
+    XNNPACK computes exact GELU even when the graph asks for tanh, so the export form writes the tanh
+    approximation out in elementary ops, which it delegates as they are.
+    """
+    if approximate == "tanh" and export_form:
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    return F.gelu(x, approximate=approximate)

@@ -13,11 +13,10 @@ from typing import Any
 from torch import nn
 
 from omni_ros.policy import families, layouts
-from omni_ros.policy.layouts.common import load_strict
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pipeline import InferencePipeline
 from omni_ros.policy.tokenizer import Tokenizer
-from omni_ros.policy.torch_runner import TorchRunner
+from omni_ros.policy.torch_runner import TorchRunner, resolve_dtype
 
 
 def load(
@@ -31,11 +30,10 @@ def load(
     name: str | None = None,
 ) -> InferencePipeline:
     """The policy in checkpoint folder `path` (its layout detected), on the torch runner."""
-    checkpoint = layouts.read(path)
+    checkpoint = layouts.read(path, tokenizer=tokenizer)
     family = families.get(checkpoint.family)
-    model = family.build_model(checkpoint.config)
-    load_strict(model, checkpoint.weights, checkpoint.config_file)
-    processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, tokenizer or checkpoint.tokenizer)
+    model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
+    processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
     runner = TorchRunner(model, device, dtype)
     steps = num_steps or checkpoint.config.num_steps
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or Path(path).name)

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import save_file
 
 from omni_ros.config import ConfigError
-from omni_ros.policy.layouts.common import Checkpoint, CheckpointError, load_strict
+from omni_ros.policy.layouts.common import Checkpoint, CheckpointError
+from omni_ros.policy.layouts.weights import Placement, SafetensorsFile, load_weights
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pi0.configuration import ModelConfig
 from omni_ros.policy.pi0.modeling import Pi0Model
@@ -92,6 +93,8 @@ def read(path: str | Path) -> Checkpoint:
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Pi0Model, NormStats, dict]:
     """Rebuild the model from config.json and load its weights, strictly."""
     checkpoint = read(path)
-    model = Pi0Model(checkpoint.config)
-    load_strict(model, checkpoint.weights, checkpoint.config_file)
+    file = SafetensorsFile(checkpoint.weights)
+    model = load_weights(
+        lambda: Pi0Model(checkpoint.config), file, Placement, torch.float32, str(checkpoint.config_file)
+    )
     return model.to(device).eval(), checkpoint.norm_stats, checkpoint.extra

@@ -23,11 +23,13 @@ KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (B, kv_heads, P,
 class Backbone(nn.Module):
     export_form = False
 
-    def __init__(self, cfg: TransformerConfig, vocab_size: int, eps: float, rope_theta: float) -> None:
+    def __init__(
+        self, cfg: TransformerConfig, vocab_size: int, eps: float, rope_theta: float, approximate: str = "none"
+    ) -> None:
         super().__init__()
         self.cfg, self.rope_theta = cfg, rope_theta
         self.embed_tokens = nn.Embedding(vocab_size, cfg.width)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, eps) for _ in range(cfg.depth))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, eps, approximate) for _ in range(cfg.depth))
 
     def embed_text(self, tokens: torch.Tensor) -> torch.Tensor:
         # Gemma scales token embeddings by sqrt(width).

@@ -1,12 +1,14 @@
-"""Architecture configs of the pi0-style policy, and the built-in presets.
+"""Architecture configs of the pi0 family (pi0 and pi0.5).
 
-A `ModelConfig` fully describes a model: it is what `config.json` of a
-checkpoint stores, so a checkpoint rebuilds itself without any other file.
+A `ModelConfig` fully describes a model: it is what `config.json` of an
+omni_ros checkpoint stores, so a checkpoint rebuilds itself without any other
+file; the LeRobot and openpi layouts build one from their own files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from omni_ros.config import from_dict, to_dict
 from omni_ros.observation import ObservationSpec
@@ -60,6 +62,26 @@ class TransformerConfig:
 
 
 @dataclass
+class ProcessingConfig:
+    """How a raw observation becomes model inputs: omni_ros's own convention, or a reference implementation's."""
+
+    # "omni_ros": resize-with-pad of the uint8 image with OpenCV (area averaging when shrinking), centred,
+    #   pixels x / 127.5 - 1 (Pi0Processor). "reference": the image as float in [0, 1], bilinear resize
+    #   (align_corners=False, no antialias) to fit with sizes truncated, centred zero padding, x * 2 - 1, the
+    #   state zero-padded to the model's width (ReferenceProcessor: openpi's and LeRobot's pi0 / pi0.5).
+    convention: Literal["omni_ros", "reference"] = "omni_ros"
+    # The prompt as tokenized: "as_is" (the built-in tokenizers end it themselves), "newline" (LeRobot pi0
+    # appends "\n"), "openpi" (underscores and newlines as spaces, then "\n" tokenized on its own), "pi05"
+    # ("Task: {task}, State: {normalized state in 256 bins};\nAction: ").
+    prompt_format: Literal["as_is", "newline", "openpi", "pi05"] = "as_is"
+    # With relative_actions, these action dims stay absolute (LeRobot's relative_exclude_joints, e.g. a gripper).
+    absolute_dims: list[int] = field(default_factory=list)
+    # At least this camera must be in every observation (omni_ros: the first); none for the reference, which
+    # needs any one camera and treats the others as empty.
+    require_first_camera: bool = True
+
+
+@dataclass
 class ModelConfig:
     name: str = "small"
     camera_names: list[str] = field(default_factory=lambda: ["base", "wrist"])
@@ -89,6 +111,19 @@ class ModelConfig:
     vocab_size: int = 260
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-6
+    # "pi0": a state token and a time-mixing MLP in the expert; "pi05": adaRMS time conditioning, no state
+    # token (the state is written into the prompt), bidirectional attention among the action tokens.
+    variant: Literal["pi0", "pi05"] = "pi0"
+    # GELU of the SigLIP and Gemma MLPs. The reference models use the tanh approximation; omni_ros's own
+    # models use the exact one, which ExecuTorch's XNNPACK computes for both.
+    mlp_activation: Literal["gelu", "gelu_tanh"] = "gelu"
+    # The model's state and action widths when wider than the robot's (openpi pads both to 32); 0: the robot's.
+    max_state_dim: int = 0
+    max_action_dim: int = 0
+    # Periods (in flow-matching time) of the sinusoidal time embedding.
+    time_min_period: float = 4e-3
+    time_max_period: float = 4.0
+    processing: ProcessingConfig = field(default_factory=ProcessingConfig)
 
     def __post_init__(self) -> None:
         b, e = self.backbone, self.expert
@@ -104,17 +139,32 @@ class ModelConfig:
             raise ValueError("vision.image_size must be a multiple of vision.patch_size")
         if not self.camera_names:
             raise ValueError("at least one camera is needed")
+        if self.model_state_dim < self.state_dim or self.model_action_dim < self.action_dim:
+            raise ValueError("max_state_dim / max_action_dim must be 0 or at least state_dim / action_dim")
+        if self.variant == "pi05" and self.processing.prompt_format != "pi05":
+            raise ValueError("variant pi05 reads the state from the prompt: processing.prompt_format must be pi05")
         if self.tokenizer.kind == "words" and self.vocab_size < len(self.tokenizer.vocab) + 4:
             words = len(self.tokenizer.vocab)
             raise ValueError(f"vocab_size {self.vocab_size} is too small for {words} words + 4 special tokens")
 
+    @property
+    def model_state_dim(self) -> int:
+        """Width of the state the model takes (the robot's, zero-padded)."""
+        return self.max_state_dim or self.state_dim
+
+    @property
+    def model_action_dim(self) -> int:
+        """Width of the actions the model samples (the robot's are the first action_dim)."""
+        return self.max_action_dim or self.action_dim
+
     def observation_spec(self) -> ObservationSpec:
-        """What a policy of this architecture consumes (the first camera is required, others may be masked)."""
+        """What a policy of this architecture consumes (by default the first camera is required, others may be
+        masked)."""
         return ObservationSpec(
             camera_names=tuple(self.camera_names),
             state_dim=self.state_dim,
             image_size=self.vision.image_size,
-            required_cameras=(self.camera_names[0],),
+            required_cameras=(self.camera_names[0],) if self.processing.require_first_camera else (),
         )
 
     def policy_metadata(self, model: str, backend: str) -> PolicyMetadata:
@@ -127,7 +177,7 @@ class ModelConfig:
             action_dim=self.action_dim,
             action_horizon=self.action_horizon,
             action_dt=self.action_dt,
-            noise_shape=(self.action_horizon, self.action_dim),
+            noise_shape=(self.action_horizon, self.model_action_dim),
         )
 
     @property

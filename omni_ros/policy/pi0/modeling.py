@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.pi0.action_expert import ActionExpert
+from omni_ros.policy.pi0.action_expert import EXPERTS
 from omni_ros.policy.pi0.backbone import Backbone, KVCache
 from omni_ros.policy.pi0.configuration import ModelConfig
 from omni_ros.policy.pi0.vision import VisionEncoder
@@ -28,9 +28,12 @@ class Pi0Model(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.vision = VisionEncoder(cfg.vision, cfg.backbone.width, condition_width=cfg.backbone.width)
-        self.backbone = Backbone(cfg.backbone, cfg.vocab_size, cfg.norm_eps, cfg.rope_theta)
-        self.expert = ActionExpert(cfg)
+        approximate = "tanh" if cfg.mlp_activation == "gelu_tanh" else "none"
+        self.vision = VisionEncoder(
+            cfg.vision, cfg.backbone.width, condition_width=cfg.backbone.width, approximate=approximate
+        )
+        self.backbone = Backbone(cfg.backbone, cfg.vocab_size, cfg.norm_eps, cfg.rope_theta, approximate)
+        self.expert = EXPERTS[cfg.variant](cfg)
         self.apply(_init_weights)
         self.vision.reset_conditioning()
 
@@ -116,7 +119,7 @@ class Pi0Model(nn.Module):
         x_t, target = noisy_actions(actions, noise, t)
         prefix, prefix_mask = self.embed_prefix(inputs)
         suffix = self.expert.suffix(self.prefill(prefix, prefix_mask), prefix_mask, inputs.state, x_t, t)
-        velocity = self.expert.action_out_proj(suffix[:, 1:])
+        velocity = self.expert.action_out_proj(suffix[:, self.expert.state_tokens :])
         loss = F.mse_loss(velocity.float(), target.float())
         if goal is not None and goal_weight > 0:
             loss = loss + goal_weight * F.mse_loss(self.expert.goal(suffix).float(), goal.float())
@@ -130,6 +133,14 @@ def _init_weights(module: nn.Module) -> None:
             nn.init.zeros_(module.bias)
     elif isinstance(module, nn.Embedding):
         nn.init.normal_(module.weight, std=0.02)
+
+
+def init_buffers(model: nn.Module) -> nn.Module:
+    """Recompute every constant buffer of `model` (those are not in checkpoints): after `to_empty`."""
+    for module in model.modules():
+        if module is not model and hasattr(module, "init_buffers"):
+            module.init_buffers()
+    return model
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:

@@ -6,16 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.policy.layers import attention, layer_norm
+from omni_ros.policy.layers import attention, gelu, layer_norm
 from omni_ros.policy.pi0.configuration import VisionConfig
 
 
 class VitBlock(nn.Module):
     export_form = False
 
-    def __init__(self, cfg: VisionConfig) -> None:
+    def __init__(self, cfg: VisionConfig, approximate: str = "none") -> None:
         super().__init__()
-        self.num_heads = cfg.num_heads
+        self.num_heads, self.approximate = cfg.num_heads, approximate
         self.norm1 = nn.LayerNorm(cfg.width, eps=1e-6)
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width)
         self.proj = nn.Linear(cfg.width, cfg.width)
@@ -32,10 +32,10 @@ class VitBlock(nn.Module):
                 qkv[..., i * w : (i + 1) * w].reshape(b, n, self.num_heads, -1).transpose(1, 2) for i in range(3)
             )
             x = x + self.proj(attention(q, k, v, None, export_form=True))
-            return x + self.fc2(F.gelu(self.fc1(layer_norm(self.norm2, x, True))))
+            return x + self.fc2(gelu(self.fc1(layer_norm(self.norm2, x, True)), self.approximate, True))
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.num_heads, w // self.num_heads).permute(2, 0, 3, 1, 4)
         x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, w))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        return x + self.fc2(gelu(self.fc1(self.norm2(x)), self.approximate))
 
 
 class SpatialKeypoints(nn.Module):
@@ -44,12 +44,21 @@ class SpatialKeypoints(nn.Module):
 
     def __init__(self, width: int, side: int, keypoints: int, out_width: int) -> None:
         super().__init__()
+        self.side = side
         self.logits = nn.Linear(width, keypoints)
-        axis = torch.linspace(-1.0, 1.0, side)
-        yy, xx = torch.meshgrid(axis, axis, indexing="ij")
-        self.register_buffer("grid", torch.stack([xx.flatten(), yy.flatten()], dim=-1), persistent=False)
+        self.register_buffer("grid", self.make_grid(), persistent=False)
         self.embed = nn.Linear(2, out_width)
         self.identity = nn.Parameter(torch.randn(1, keypoints, out_width) * 0.02)
+
+    def make_grid(self) -> torch.Tensor:
+        """(x, y) in [-1, 1] of every grid cell, (side * side, 2), row-major."""
+        axis = torch.linspace(-1.0, 1.0, self.side)
+        yy, xx = torch.meshgrid(axis, axis, indexing="ij")
+        return torch.stack([xx.flatten(), yy.flatten()], dim=-1)
+
+    def init_buffers(self) -> None:
+        """Recompute the constant grid (after a model built on the meta device got real storage)."""
+        self.grid = self.make_grid().to(self.logits.weight.device)
 
     def reset_parameters(self) -> None:
         """PyTorch's default (fan-in) init, not the transformer's N(0, 0.02): with that, the softmax over the
@@ -69,11 +78,11 @@ class VisionEncoder(nn.Module):
 
     export_form = False
 
-    def __init__(self, cfg: VisionConfig, out_width: int, condition_width: int = 0) -> None:
+    def __init__(self, cfg: VisionConfig, out_width: int, condition_width: int = 0, approximate: str = "none") -> None:
         super().__init__()
         self.patch_embed = nn.Conv2d(3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         self.pos_embed = nn.Parameter(torch.randn(1, cfg.grid_tokens, cfg.width) * 0.02)
-        self.blocks = nn.ModuleList(VitBlock(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(VitBlock(cfg, approximate) for _ in range(cfg.depth))
         self.norm = nn.LayerNorm(cfg.width, eps=1e-6)
         # Keypoint-only encoders emit no patch tokens, so they have no patch projection either.
         self.proj = None if cfg.keypoints_only else nn.Linear(cfg.width, out_width)
