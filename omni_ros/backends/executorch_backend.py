@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_ros.config import ConfigError
 from omni_ros.export.methods import STAGED, prefix_mask_of
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
 from omni_ros.observation import make_observation
@@ -35,6 +34,7 @@ from omni_ros.policy.base import BasePolicy
 from omni_ros.policy.inputs import model_inputs, robot_actions
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import make_tokenizer
+from omni_ros.typed_config import ConfigError
 
 MODES = ("auto", "staged", "fused")
 

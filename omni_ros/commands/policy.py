@@ -8,7 +8,7 @@ import sys
 
 
 def _load(args: argparse.Namespace):
-    from omni_ros.config import PolicyConfig
+    from omni_ros.policy.config import PolicyConfig
     from omni_ros.policy.factory import load_policy
 
     config = PolicyConfig(

@@ -16,11 +16,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from omni_ros.config import ConfigError
 from omni_ros.errors import OmniRosError
 from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.model_config import ModelConfig
 from omni_ros.policy.normalize import NormStats
+from omni_ros.typed_config import ConfigError
 
 FORMAT = "omni_ros.pi0.v1"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from omni_ros.config import ConfigError, PolicyConfig
 from omni_ros.policy.base import Policy
+from omni_ros.policy.config import PolicyConfig
+from omni_ros.typed_config import ConfigError
 
 
 def load_policy(

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from omni_ros.config import from_dict, to_dict
 from omni_ros.observation import ObservationSpec
 from omni_ros.policy.base import PolicyMetadata
+from omni_ros.typed_config import from_dict, to_dict
 
 
 @dataclass
