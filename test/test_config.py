@@ -130,6 +130,7 @@ BAD_VALUES = [
     ("sim: {time_constant: 0}", "sim.time_constant", "must be positive"),
     ("sim: {camera_rate_hz: 0}", "sim.camera_rate_hz", "must be positive"),
     ("sim: {cameras: [side]}", "sim.cameras", "unknown cameras ['side']"),
+    ("sim: {cameras: []}", "sim.cameras", "is empty"),
     ("sim: {image_height: 8}", "sim.image_height", "at least 16 pixels"),
     ("sim: {block_colors: [red, mauve]}", "sim.block_colors", "unknown block colors ['mauve']"),
     ("sim: {n_blocks: 5}", "sim.n_blocks", "between 1 and 4"),

@@ -89,8 +89,10 @@ class SimConfig:
             if not getattr(self, key) > 0:
                 raise FieldError(key, f"must be positive, got {getattr(self, key)}")
         unknown = [c for c in self.cameras if c not in CAMERAS]
-        if unknown or not self.cameras:
+        if unknown:
             raise FieldError("cameras", f"lists unknown cameras {unknown}; available: {list(CAMERAS)}")
+        if not self.cameras:
+            raise FieldError("cameras", f"is empty; name at least one of {list(CAMERAS)}")
         for key in ("image_width", "image_height"):
             if getattr(self, key) < 16:
                 raise FieldError(key, f"must be at least 16 pixels, got {getattr(self, key)}")
