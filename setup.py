@@ -5,22 +5,28 @@ build into the project virtual environment); this file installs the Python
 package, its dependencies and the `omni-ros` command.
 """
 
+import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
+HERE = Path(__file__).parent
+# One source of truth: omni_ros/__init__.py (read as text: the package cannot be imported before its
+# dependencies are installed). package.xml repeats it for colcon; test/test_packaging.py checks they agree.
+VERSION = re.search(r'^__version__ = "([^"]+)"', (HERE / "omni_ros" / "__init__.py").read_text(), re.M).group(1)
+
 setup(
     name="omni_ros",
-    version="0.1.0",
+    version=VERSION,
     description="Serve vision-language-action robot policies on the robot, over ROS 2 and OpenPI WebSockets.",
-    long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["omni_ros", "omni_ros.*"]),
     package_data={"omni_ros": ["py.typed"]},
     install_requires=[
-        "numpy>=1.26",
+        "numpy>=2.0",
         "pyyaml>=6.0",
     ],
     extras_require={

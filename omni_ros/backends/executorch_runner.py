@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from omni_ros.config import ConfigError
 from omni_ros.export.methods import STAGED, prefix_mask_of
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
 from omni_ros.policy.inputs import ModelInputs
@@ -32,6 +31,7 @@ from omni_ros.policy.pi0.processing import Pi0Processor
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import make_tokenizer
+from omni_ros.typed_config import ConfigError
 
 MODES = ("auto", "staged", "fused")
 

@@ -11,8 +11,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from omni_ros.config import ConfigError, PolicyConfig
 from omni_ros.policy.base import Policy
+from omni_ros.policy.config import PolicyConfig
+from omni_ros.typed_config import ConfigError
 
 
 def load_policy(
@@ -52,10 +53,7 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
 
 
 def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
-    if not config.pte:
-        raise ConfigError("policy.backend 'executorch' needs policy.pte (a .pte written by `omni-ros export`)")
-    if config.dtype != "float32":
-        raise ConfigError("policy.dtype is fixed by the exported program for backend 'executorch'; use float32")
+    # PolicyConfig checked itself: a pte is given and the dtype is float32.
     from omni_ros.backends.executorch_runner import load_pte
 
     return load_pte(
@@ -71,9 +69,7 @@ def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim) 
 
 
 def _load_remote(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
-    remote = config.remote
-    if not remote.url:
-        raise ConfigError("policy.backend 'remote' needs policy.remote.url (e.g. ws://127.0.0.1:8000)")
+    remote = config.remote  # PolicyConfig checked itself: the url is set
     from omni_ros.backends.remote import RemotePolicy
 
     policy = RemotePolicy(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from omni_ros.config import ConfigError
+from omni_ros.typed_config import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ import sys
 
 def _load(args: argparse.Namespace):
     from omni_ros.backends.factory import load_policy
-    from omni_ros.config import PolicyConfig
+    from omni_ros.policy.config import PolicyConfig
 
     config = PolicyConfig(
         preset=args.preset,

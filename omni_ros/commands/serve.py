@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from omni_ros.commands.common import add_config_args, config_from_args
-from omni_ros.config import ConfigError
+from omni_ros.typed_config import ConfigError
 
 
 def _load_policy(args: argparse.Namespace, config: Any, keymap: Any) -> Any:

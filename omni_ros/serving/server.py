@@ -36,13 +36,13 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from omni_ros import __version__
-from omni_ros.config import ConfigError
 from omni_ros.observation import ObservationError
 from omni_ros.policy.base import Policy
 from omni_ros.serving.batching import Batcher, BatchInfo
 from omni_ros.serving.config import ServeConfig
 from omni_ros.serving.keymap import KeyMap
 from omni_ros.serving.msgpack_numpy import DecodeError, packb, unpackb
+from omni_ros.typed_config import ConfigError
 
 logger = logging.getLogger("omni_ros.serve")
 
@@ -97,10 +97,6 @@ class PolicyServer:
         self.config = config or ServeConfig()
         self.keymap = keymap or KeyMap.canonical(policy.spec)
         check_compatible(policy, self.keymap)
-        if self.config.workers < 1:
-            raise ConfigError(f"serve.workers: must be >= 1, got {self.config.workers}")
-        if self.config.max_message_bytes < 1024:
-            raise ConfigError(f"serve.max_message_bytes: must be >= 1024, got {self.config.max_message_bytes}")
         self._api_key = resolve_api_key(self.config)
         batching = self.config.batching
         self.metadata: dict[str, Any] = {
