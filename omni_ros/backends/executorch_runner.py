@@ -26,8 +26,8 @@ import torch
 
 from omni_ros.export.methods import STAGED, prefix_mask_of
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
+from omni_ros.policy import families
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.pi0.processing import Pi0Processor
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import make_tokenizer
@@ -181,7 +181,8 @@ def load_pte(
     tokenizer_cfg = cfg.tokenizer
     if sidecar.tokenizer_file:
         tokenizer_cfg = type(tokenizer_cfg)(tokenizer_cfg.kind, sidecar.tokenizer_file, tokenizer_cfg.max_tokens)
-    processor = Pi0Processor(cfg, sidecar.norm_stats, make_tokenizer(tokenizer_cfg, base_dir=pte.parent))
+    tokenizer = make_tokenizer(tokenizer_cfg, base_dir=pte.parent)
+    processor = families.get("pi0").build_processor(cfg, sidecar.norm_stats, tokenizer)
     runner = ExecuTorchRunner(pte, sidecar, mode, num_threads)
     steps = num_steps or (sidecar.num_steps if mode == "fused" else cfg.num_steps)
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or sidecar.name)

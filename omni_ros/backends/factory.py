@@ -46,7 +46,7 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
 
     common = {"device": config.device, "dtype": config.dtype, "seed": config.seed, "num_steps": config.num_steps}
     if config.checkpoint:
-        policy = load(config.checkpoint, **common)
+        policy = load(config.checkpoint, tokenizer=config.tokenizer, **common)
         check_agrees(policy, camera_names, state_dim, action_dim, config.checkpoint)
         return policy
     return from_preset(config.preset, camera_names=camera_names, state_dim=state_dim, action_dim=action_dim, **common)

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         "qnn": qnn,
     }
     if args.checkpoint:
-        result = export_checkpoint(args.checkpoint, args.out, **common)
+        result = export_checkpoint(args.checkpoint, args.out, tokenizer=args.tokenizer, **common)
     else:
         dims = {"camera_names": args.camera, "state_dim": args.state_dim, "action_dim": args.action_dim}
         result = export_preset(args.preset, args.out, **{k: v for k, v in dims.items() if v}, **common)
@@ -56,7 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(sample) as named methods of one .pte, lowered for a backend, plus a sidecar <out>.json.",
     )
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--checkpoint", help="checkpoint directory (config.json + model.safetensors)")
+    source.add_argument(
+        "--checkpoint", help="checkpoint folder: omni_ros's, a LeRobot pi0 / pi05 folder or an openpi PyTorch one"
+    )
     source.add_argument("--preset", default="small", help="built-in architecture with seeded random weights")
     p.add_argument("--target", default="xnnpack", choices=["xnnpack", "qnn", "cuda"], help="backend to lower for")
     p.add_argument(
@@ -65,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=["none", "int8-dynamic", "8da4w"],
         help="weight quantization for xnnpack (QNN uses --qnn-precision)",
     )
+    p.add_argument("--tokenizer", help="tokenizer.json / .model for a LeRobot or openpi checkpoint that ships none")
     p.add_argument("--out", required=True, help="output .pte path; the sidecar is written to <out>.json")
     p.add_argument("--methods", nargs="+", help="methods to export (default: all four)")
     p.add_argument("--num-steps", type=int, help="Euler steps of the fused sample method (default: the model's)")

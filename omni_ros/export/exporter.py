@@ -144,18 +144,21 @@ def export_policy(
     return ExportResult(out, sidecar_path(out), report, seconds, out.stat().st_size, timings)
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, **kwargs: Any) -> ExportResult:
-    """Export a checkpoint directory (weights, norm stats and its tokenizer file if any)."""
-    from omni_ros.policy.layouts.omni import load_checkpoint
+def export_checkpoint(
+    checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None, **kwargs: Any
+) -> ExportResult:
+    """Export a checkpoint folder of any layout (weights, norm stats and its tokenizer file if any)."""
+    from omni_ros.policy import families, layouts
 
-    checkpoint = Path(checkpoint)
-    model, stats, _ = load_checkpoint(checkpoint)
-    tokenizer = None
-    if model.cfg.tokenizer.kind != "bytes" and model.cfg.tokenizer.path:
-        tokenizer = Path(model.cfg.tokenizer.path)
-        tokenizer = tokenizer if tokenizer.is_absolute() else checkpoint / tokenizer
-    kwargs.setdefault("name", checkpoint.name)
-    return export_policy(model, stats, out, tokenizer_file=tokenizer, **kwargs)
+    path = Path(checkpoint)
+    read = layouts.read(path, tokenizer=tokenizer)
+    model = layouts.build_model(read, lambda: families.get(read.family).build_model(read.config))
+    tokenizer_file = None
+    if read.config.tokenizer.kind not in ("bytes", "words") and read.config.tokenizer.path:
+        tokenizer_file = Path(read.config.tokenizer.path)
+        tokenizer_file = tokenizer_file if tokenizer_file.is_absolute() else path / tokenizer_file
+    kwargs.setdefault("name", path.name)
+    return export_policy(model, read.norm_stats, out, tokenizer_file=tokenizer_file, **kwargs)
 
 
 def export_preset(preset_name: str, out: str | Path, weights_seed: int = 0, **kwargs: Any) -> ExportResult:

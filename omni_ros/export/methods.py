@@ -125,8 +125,8 @@ def signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignature]:
     image_masks = TensorSpec("image_masks", (batch, c), "bool")
     tokens = TensorSpec("tokens", (batch, t), "int64")
     token_mask = TensorSpec("token_mask", (batch, t), "bool")
-    state = TensorSpec("state", (batch, cfg.state_dim), "float32")
-    chunk = (batch, cfg.action_horizon, cfg.action_dim)
+    state = TensorSpec("state", (batch, cfg.model_state_dim), "float32")
+    chunk = (batch, cfg.action_horizon, cfg.model_action_dim)
     image_tokens = TensorSpec("image_tokens", (batch, c * v, w), "float32")
     specs = [
         MethodSignature(

@@ -67,17 +67,20 @@ class TorchRunner:
     def sample(self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int) -> Sampled:
         if noise is None:
             raise ValueError("the torch runner needs the sampling noise")
-        model = self.model
+        model, dtype = self.model, self.dtype
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            # The Euler state stays float32 (as the reference keeps it): a bfloat16 model sees bfloat16 inputs,
+            # but ten steps of bfloat16 accumulation would cost the chunk its precision.
+            return model.denoise_step(cache, prefix_mask, inputs.state, x.to(dtype), t.to(dtype)).float()
+
         with torch.inference_mode():
             clock = StageClock(self._sync)
             prefix, prefix_mask = model.embed_prefix(inputs)
             clock.lap("embed_prefix_ms")
             cache = model.prefill(prefix, prefix_mask)
             clock.lap("prefill_ms")
-            actions = euler_sample(
-                lambda x, t: model.denoise_step(cache, prefix_mask, inputs.state, x, t), noise, num_steps
-            )
-            result = actions.float().cpu().numpy()
+            result = euler_sample(velocity, noise.float(), num_steps).cpu().numpy()
             clock.lap("denoise_ms")
         return Sampled(result, clock.ms)
 
