@@ -632,6 +632,9 @@ def fixture_specs() -> list[FixtureSpec]:
         FixtureSpec("pi0_3cam", "pi0", 3, 8, 7, 10, 1000, 100, pi0_cases_3),
         FixtureSpec("pi05_2cam", "pi05", 2, 7, 6, 12, 2000, 200, pi05_cases),
         FixtureSpec("smolvla_3cam", "smolvla", 3, 6, 7, 8, 3000, 300, smol_cases),
+        # An arm whose state and commands are the same 6 joints, as the policy node drives them (node, bridge and
+        # evaluator tests run it end to end).
+        FixtureSpec("pi0_arm", "pi0", 2, 6, 6, 10, 4000, 400, [Case("all_cameras", PROMPT, cams[:2], 71, 81)]),
     ]
 
 
