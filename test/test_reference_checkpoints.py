@@ -225,3 +225,22 @@ def test_weights_of_another_variant(tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "type": "pi05"}))
     with pytest.raises(CheckpointError, match="says 'pi05' but the weights are a pi0 model"):
         omni_ros.policy.load(folder)
+
+
+def test_a_lerobot_pi0_exports_to_xnnpack_and_matches_eager(tmp_path):
+    """Staged methods, fp32: the .pte (tanh GELU written out, float32 time embedding) within 1e-4 of eager."""
+    from omni_ros.backends.executorch_runner import load_pte
+    from omni_ros.export.exporter import export_checkpoint
+
+    result = export_checkpoint(
+        REFERENCE / "pi0_arm", tmp_path / "arm.pte", methods=("encode_images", "prefill", "denoise_step")
+    )
+    assert (tmp_path / "arm.pte.tokenizer.json").is_file()  # the tokenizer travels with the program
+    program = load_pte(result.pte)
+    assert program.metadata.noise_shape == (10, 32) and program.metadata.camera_names == ("top", "left_wrist")
+    data = tensors("pi0_arm", "all_cameras")
+    obs = observation("pi0_arm", "all_cameras")
+    eager = policy("pi0_arm").infer(obs, noise=data["noise"][0])["actions"]
+    exported = program.infer(obs, noise=data["noise"][0])["actions"]
+    np.testing.assert_allclose(exported, eager, rtol=0, atol=TOL)
+    np.testing.assert_allclose(exported, data["actions"][0], rtol=0, atol=TOL)
