@@ -244,8 +244,9 @@ def main() -> int:
     if not (work / "model.safetensors").is_file():
         print(f"[bench] writing a full-size pi0 (bf16) to {work} ...", file=sys.stderr, flush=True)
         report["written"] = write_folder(work)
-    cmd = [sys.executable, __file__, "--measure", "--work-dir", str(work), "--device", args.device, "--dtype", args.dtype,
-           "--cameras", str(args.cameras), "--runs", str(args.runs), "--threads", str(args.threads)]  # fmt: skip
+    options = {"--work-dir": work, "--device": args.device, "--dtype": args.dtype, "--cameras": args.cameras,
+               "--runs": args.runs, "--threads": args.threads}  # fmt: skip
+    cmd = [sys.executable, __file__, "--measure", *(str(x) for item in options.items() for x in item)]
     print("[bench] loading and running it in a fresh process ...", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
