@@ -1,0 +1,218 @@
+"""The ONNX Runtime backend: runs a folder written by `omni-ros export --target onnx | qnn-onnx`.
+
+    runner = OnnxRunner("policy_onnx/", providers=["cpu"])
+    actions, stage_ms = runner.sample(inputs, noise, num_steps)   # normalized (1, H, D), per-stage milliseconds
+
+    policy = OnnxPolicy("policy_htp/", providers=["qnn-htp"])     # observation dict -> action chunk
+    out = policy.infer({"images": {...}, "state": ..., "prompt": "..."})
+
+The runner is the backend: model inputs in, normalized actions out, either through the staged graphs
+(`encode_images`, `prefill` once, its KV cache read by every `denoise_step` of the Euler loop) or one call of the
+fused `sample` graph. Sessions are created in the constructor (for the HTP: loaded from the export's compiled cache,
+or compiled once and cached), never per request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_ros.export.methods import STAGED, prefix_mask_of
+from omni_ros.export.ort_session import HtpCache, HtpTarget, check_providers, open_session
+from omni_ros.export.sidecar import OnnxModelError, check_compatible, read_onnx_sidecar
+from omni_ros.policy.sampler import euler_sample
+
+MODES = ("auto", "staged", "fused")
+
+
+class OnnxRunner:
+    """Model inputs (batch 1) + noise -> normalized action chunk, on ONNX Runtime."""
+
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        providers: Sequence[str] = ("cpu",),
+        mode: str = "auto",
+        num_threads: int = 0,
+        camera_names: Sequence[str] | None = None,
+        state_dim: int | None = None,
+        action_dim: int | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode '{mode}'; choose one of {', '.join(MODES)}")
+        self.folder = folder = Path(folder)
+        providers = check_providers(providers)
+        sidecar = read_onnx_sidecar(folder)
+        check_compatible(sidecar, str(folder), camera_names, state_dim, action_dim, error=OnnxModelError)
+        staged = all(m in sidecar.methods for m in STAGED)
+        if mode == "auto":
+            mode = "staged" if staged else "fused"
+        needed = STAGED if mode == "staged" else ("sample",)
+        missing = [m for m in needed if m not in sidecar.methods]
+        if missing:
+            raise OnnxModelError(f"{folder}: {mode} mode needs methods {list(needed)}, it has {list(sidecar.methods)}")
+        htp = None
+        if providers[0] == "qnn-htp":
+            if sidecar.target != "qnn-onnx":
+                raise OnnxModelError(
+                    f"{folder}: exported for target {sidecar.target}; providers qnn-htp runs a --target qnn-onnx export"
+                )
+            options = sidecar.target_options
+            htp = HtpTarget(options["soc"], options["precision"])
+        self.sidecar, self.cfg, self.mode, self.providers = sidecar, sidecar.model, mode, providers
+        self.cache_status: dict[str, str] = {}
+        self._sessions = {}
+        for method in needed:
+            path = folder / f"{method}.onnx"
+            if htp is not None:
+                digest = sidecar.files[path.name]["sha256"]
+                cache = HtpCache(folder, htp)
+                session, status = cache.session(method, path, digest, allow_cpu="cpu" in providers)
+                self.cache_status[method] = status
+            else:
+                session = open_session(path, providers, num_threads=num_threads)
+            self._sessions[method] = session
+        self._inputs = {m: [i.name for i in s.get_inputs()] for m, s in self._sessions.items()}
+        self._kv_names = [o.name for o in self._sessions["prefill"].get_outputs()] if mode == "staged" else []
+        self._lock = threading.Lock()
+        quant = "" if sidecar.quantize == "none" else f"-{sidecar.quantize}"
+        self.backend = f"onnxruntime-{providers[0]}{quant}"
+
+    def _run(self, method: str, feeds: dict[str, torch.Tensor | np.ndarray]) -> list[np.ndarray]:
+        """Run `method` on the named inputs it takes (graphs drop inputs they do not use)."""
+        arrays = {n: np.ascontiguousarray(_numpy(feeds[n])) for n in self._inputs[method]}
+        return self._sessions[method].run(None, arrays)
+
+    def sample(
+        self, inputs: dict[str, torch.Tensor], noise: torch.Tensor, num_steps: int
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Normalized actions (1, H, D) and the milliseconds of each stage (embed_prefix, prefill, denoise)."""
+        with self._lock:  # one session run at a time: callers may share a policy across threads
+            if self.mode == "fused":
+                if num_steps != self.sidecar.num_steps:
+                    raise OnnxModelError(
+                        f"{self.folder}: its fused 'sample' runs {self.sidecar.num_steps} Euler steps, asked for "
+                        f"{num_steps}; export with --num-steps {num_steps} or use the staged graphs"
+                    )
+                begin = time.perf_counter()
+                actions = self._run("sample", {**inputs, "noise": noise})[0]
+                # One call runs encoder, prefill and the loop: the time is reported as denoise_ms.
+                return torch.from_numpy(actions), {
+                    "embed_prefix_ms": 0.0,
+                    "prefill_ms": 0.0,
+                    "denoise_ms": (time.perf_counter() - begin) * 1e3,
+                }
+            stamps = [time.perf_counter()]
+            image_tokens = self._run("encode_images", inputs)[0]
+            stamps.append(time.perf_counter())
+            # The prefix KV cache: computed once, read by every denoising step below.
+            cache = self._run("prefill", {**inputs, "image_tokens": image_tokens})
+            kv = dict(zip(self._kv_names, cache, strict=True))
+            stamps.append(time.perf_counter())
+            feeds = {
+                **kv,
+                "prefix_mask": prefix_mask_of(inputs["image_masks"], inputs["token_mask"], self.cfg.vision.num_tokens),
+                "state": inputs["state"],
+            }
+
+            def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                return torch.from_numpy(self._run("denoise_step", {**feeds, "x_t": x, "t": t})[0])
+
+            actions = euler_sample(velocity, noise, num_steps)
+            stamps.append(time.perf_counter())
+        return actions, {
+            "embed_prefix_ms": (stamps[1] - stamps[0]) * 1e3,
+            "prefill_ms": (stamps[2] - stamps[1]) * 1e3,
+            "denoise_ms": (stamps[3] - stamps[2]) * 1e3,
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            self._sessions = {}
+
+
+def _numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+
+
+class OnnxPolicy:
+    """Observation dict -> action chunk through an `OnnxRunner`, with the torch backend's preprocessing and noise.
+
+    A thin adapter until the one inference pipeline takes runners directly.
+    """
+
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        providers: Sequence[str] = ("cpu",),
+        seed: int | None = 0,
+        num_steps: int | None = None,
+        mode: str = "auto",
+        num_threads: int = 0,
+        name: str | None = None,
+        camera_names: Sequence[str] | None = None,
+        state_dim: int | None = None,
+        action_dim: int | None = None,
+    ) -> None:
+        from omni_ros.policy.tokenizer import make_tokenizer
+
+        self.runner = OnnxRunner(
+            folder,
+            providers=providers,
+            mode=mode,
+            num_threads=num_threads,
+            camera_names=camera_names,
+            state_dim=state_dim,
+            action_dim=action_dim,
+        )
+        sidecar = self.runner.sidecar
+        self.cfg, self.norm_stats, self.seed = sidecar.model, sidecar.norm_stats, seed
+        fused = self.runner.mode == "fused"
+        self.num_steps = num_steps or (sidecar.num_steps if fused else self.cfg.num_steps)
+        if fused and self.num_steps != sidecar.num_steps:
+            raise OnnxModelError(
+                f"{folder}: its fused 'sample' runs {sidecar.num_steps} Euler steps, configured num_steps is "
+                f"{self.num_steps}; export with --num-steps {self.num_steps} or use the staged graphs"
+            )
+        tokenizer_cfg = self.cfg.tokenizer
+        if sidecar.tokenizer_file:
+            tokenizer_cfg = type(tokenizer_cfg)(tokenizer_cfg.kind, sidecar.tokenizer_file, tokenizer_cfg.max_tokens)
+        self.tokenizer = make_tokenizer(tokenizer_cfg, base_dir=Path(folder))
+        self.spec = self.cfg.observation_spec()
+        self.metadata = self.cfg.policy_metadata(name or sidecar.name, self.runner.backend)
+
+    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        from omni_ros.observation import make_observation
+        from omni_ros.policy.inputs import model_inputs, robot_actions
+
+        start = time.perf_counter()
+        parsed = make_observation(self.spec, obs)
+        inputs = model_inputs(self.cfg, self.tokenizer, self.norm_stats, [parsed])
+        shape = (self.cfg.action_horizon, self.cfg.action_dim)
+        generator = None if self.seed is None else torch.Generator().manual_seed(self.seed)
+        # The torch backend's noise for the same seed, so both backends sample the same chunk.
+        noise = torch.randn(shape, generator=generator)[None]
+        begin = time.perf_counter()
+        actions, stage_ms = self.runner.sample(inputs, noise, self.num_steps)
+        chunk = robot_actions(self.cfg, self.norm_stats, actions[0].numpy(), parsed.state)
+        if not np.all(np.isfinite(chunk)):
+            # Never hand a non-finite command to a robot.
+            raise FloatingPointError("policy produced non-finite actions")
+        timing = {"preprocess_ms": (begin - start) * 1e3, **stage_ms}
+        timing.update(infer_ms=(time.perf_counter() - start) * 1e3, batch_size=1)
+        return {"actions": chunk, "policy_timing": timing}
+
+    def infer_batch(self, observations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        # Graphs are exported for batch 1 (static shapes); a batch runs request by request.
+        return [self.infer(obs) for obs in observations]
+
+    def close(self) -> None:
+        self.runner.close()
