@@ -44,10 +44,15 @@ class PolicyConfig:
     # Checkpoint directory (config.json + model.safetensors); relative paths
     # are resolved against the config file's directory.
     checkpoint: str | None = None
-    backend: Literal["torch", "executorch", "remote"] = "torch"
+    backend: Literal["torch", "executorch", "onnxruntime", "remote"] = "torch"
     # ExecuTorch program (`omni-ros export`) for backend executorch; its sidecar <pte>.json must sit beside it.
     # Relative paths are resolved against the config file's directory.
     pte: str | None = None
+    # ONNX export folder (`omni-ros export --target onnx | qnn-onnx`) for backend onnxruntime; same path rules.
+    onnx: str | None = None
+    # ONNX Runtime execution providers, in order: cpu, qnn-htp (alone: the whole graph on the HTP; then cpu: CPU
+    # fallback allowed), cuda, tensorrt.
+    providers: list[str] = field(default_factory=lambda: ["cpu"])
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16"] = "float32"
     # Euler steps of the flow-matching sampler; null keeps the model's own (10 for small/pi0).
@@ -143,6 +148,8 @@ def load_config(path: str | os.PathLike | None = None, cls: type[T] = OmniConfig
         policy.checkpoint = str((path.parent / policy.checkpoint).resolve())
     if isinstance(policy, PolicyConfig) and policy.pte and not Path(policy.pte).is_absolute():
         policy.pte = str((path.parent / policy.pte).resolve())
+    if isinstance(policy, PolicyConfig) and policy.onnx and not Path(policy.onnx).is_absolute():
+        policy.onnx = str((path.parent / policy.onnx).resolve())
     return config
 
 

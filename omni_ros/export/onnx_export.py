@@ -195,7 +195,7 @@ def export_onnx(
     fp_dir = out / ".float" if htp_ready else out
     fp_dir.mkdir(exist_ok=True)
     for method in methods:
-        log.info("export %s: tracing %s", out, method)
+        log.info("export %s: tracing %s to ONNX", out, method)
         timings[f"export_{method}_s"] = export_method_graph(work, method, fp_dir / f"{method}.onnx", num_steps)
     if htp_ready:
         from omni_ros.export.qnn_onnx import build_htp_graphs

@@ -104,6 +104,7 @@ def build_htp_graphs(
     batches = None
     if quantized:
         start = time.perf_counter()
+        log.info("export %s: calibrating on %d observations (%s)", out, qnn.calibration_samples, calibration)
         observations = calibration_observations(calibration, cfg, qnn.calibration_samples)
         inputs = None
         if observations is not None:

@@ -42,6 +42,8 @@ def load_policy(
         )
     if config.backend == "executorch":
         return _load_executorch(config, camera_names, state_dim, action_dim, base_dir)
+    if config.backend == "onnxruntime":
+        return _load_onnxruntime(config, camera_names, state_dim, action_dim, base_dir)
     raise ConfigError(f"policy.backend '{config.backend}' is not available in this build; use policy.backend: torch")
 
 
@@ -61,6 +63,30 @@ def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim, 
         num_steps=config.num_steps,
         num_threads=config.num_threads,
         device=config.device,
+        camera_names=camera_names,
+        state_dim=state_dim,
+        action_dim=action_dim,
+    )
+
+
+def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim, base_dir) -> Policy:
+    if not config.onnx:
+        raise ConfigError("policy.backend 'onnxruntime' needs policy.onnx (a folder written by `omni-ros export`)")
+    if config.dtype != "float32" or config.device != "cpu":
+        raise ConfigError(
+            "backend 'onnxruntime' takes policy.providers (cpu, qnn-htp, cuda, tensorrt), not dtype/device"
+        )
+    path = Path(config.onnx)
+    if base_dir is not None and not path.is_absolute() and not path.exists():
+        path = Path(base_dir) / path
+    from omni_ros.backends.onnx_backend import OnnxPolicy
+
+    return OnnxPolicy(
+        path,
+        providers=config.providers,
+        seed=config.seed,
+        num_steps=config.num_steps,
+        num_threads=config.num_threads,
         camera_names=camera_names,
         state_dim=state_dim,
         action_dim=action_dim,
