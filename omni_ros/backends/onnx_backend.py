@@ -24,7 +24,14 @@ import numpy as np
 import torch
 
 from omni_ros.export.methods import STAGED, prefix_mask_of
-from omni_ros.export.ort_session import HtpCache, HtpTarget, check_providers, open_session
+from omni_ros.export.ort_session import (
+    HtpCache,
+    HtpTarget,
+    check_providers,
+    import_onnxruntime,
+    open_session,
+    qnn_ep_devices,
+)
 from omni_ros.export.sidecar import OnnxModelError, check_compatible, read_onnx_sidecar
 from omni_ros.policy.sampler import euler_sample
 
@@ -49,6 +56,8 @@ class OnnxRunner:
             raise ValueError(f"unknown mode '{mode}'; choose one of {', '.join(MODES)}")
         self.folder = folder = Path(folder)
         providers = check_providers(providers)
+        if providers[0] == "qnn-htp":
+            qnn_ep_devices(import_onnxruntime())  # a missing qnn extra is the first thing to hear about
         sidecar = read_onnx_sidecar(folder)
         check_compatible(sidecar, str(folder), camera_names, state_dim, action_dim, error=OnnxModelError)
         staged = all(m in sidecar.methods for m in STAGED)
