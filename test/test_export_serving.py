@@ -26,19 +26,26 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 JOINTS = ["joint_1", "joint_2", "joint_3"]
 
 
-# name -> (exported variant, policy section, the backend name it reports)
+# name -> (exported variant, policy section, the backend name it reports, control section)
 SERVED = {
-    "pte": ("fp32", "{{backend: executorch, pte: {path}, num_threads: 1}}", "executorch-xnnpack"),
-    "qnn": ("qnn16", "{{backend: onnxruntime, onnx: {path}, providers: [qnn-htp]}}", "onnxruntime-qnn-htp-16a8w"),
+    "pte": ("fp32", "{{backend: executorch, pte: {path}, num_threads: 1}}", "executorch-xnnpack", "{}"),
+    # The x86 HTP emulator takes about a second per chunk (seconds on a busy machine), longer than tiny's 0.16 s
+    # horizon: with latency compensation every action of a chunk would already be in the past when it arrives.
+    "qnn": (
+        "qnn16",
+        "{{backend: onnxruntime, onnx: {path}, providers: [qnn-htp]}}",
+        "onnxruntime-qnn-htp-16a8w",
+        "{latency_compensation: false}",
+    ),
 }
 
 
 @pytest.fixture(scope="session", params=list(SERVED))
 def served(request, tmp_path_factory):
-    """tiny for the simulated arm (cameras base + wrist, 3 joints): (exported path, policy section, backend)."""
-    variant, section, backend = SERVED[request.param]
+    """tiny for the simulated arm (cameras base + wrist, 3 joints): (path, policy section, backend, control)."""
+    variant, section, backend, control = SERVED[request.param]
     path = exported_tiny(tmp_path_factory.getbasetemp(), variant)
-    return path, section.format(path=path), backend
+    return path, section.format(path=path), backend, control
 
 
 def _config(tmp_path, served) -> str:
@@ -47,6 +54,7 @@ def _config(tmp_path, served) -> str:
         f"""
 name: pte-e2e
 policy: {served[1]}
+control: {served[3]}
 robot: {{joint_names: {JOINTS}, dry_run: false}}
 status: {{rate_hz: 5.0}}
 sim: {{camera_rate_hz: 15.0}}
