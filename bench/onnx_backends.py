@@ -127,27 +127,6 @@ def export_cpu_models(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return exports
 
 
-def compare(results: dict[str, Any]) -> dict[str, Any]:
-    """Speedups over eager (staged end to end and per stage) and each backend's distance from eager's chunk."""
-    eager_actions = np.asarray(results["eager"].pop("actions"))
-    eager = results["eager"]
-    for name, r in results.items():
-        if name == "eager":
-            continue
-        actions = np.asarray(r.pop("actions"))
-        r["vs_eager_actions"] = {
-            "max_abs": float(np.abs(actions - eager_actions).max()),
-            "relative_l2": float(np.linalg.norm(actions - eager_actions) / np.linalg.norm(eager_actions)),
-        }
-        r["speedup_vs_eager"] = {
-            m: round(eager["end_to_end_ms"]["staged"] / ms, 2) for m, ms in r["end_to_end_ms"].items()
-        }
-        r["method_speedup_vs_eager"] = {
-            m: round(eager["methods_ms"][m] / ms, 2) for m, ms in r["methods_ms"].items() if m in eager["methods_ms"]
-        }
-    return results
-
-
 def htp_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The preset for the simulated arm on the HTP emulator: export, placement, compile/load, accuracy."""
     import torch
@@ -221,14 +200,14 @@ def main() -> int:
     parser.add_argument("--calibration-samples", type=int, default=16)
     parser.add_argument("--accuracy-samples", type=int, default=4)
     parser.add_argument("--skip-htp", action="store_true", help="only the CPU part")
-    parser.add_argument("--work-dir", default="/tmp/omni_ros_bench_backends")
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--worker", choices=["onnx"], help=argparse.SUPPRESS)
+    parser.add_argument("--work-dir", default="/tmp/omni_ros_bench_backends", help="exports, reused when there")
+    # A worker measures one ONNX folder in a fresh process.
     parser.add_argument("--onnx", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["onnx"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(onnx_worker(args)))
-        return 0
+    if args.worker == "onnx":
+        return print(json.dumps(onnx_worker(args))) or 0
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     exports = export_cpu_models(args, work)
@@ -238,19 +217,14 @@ def main() -> int:
         results["onnxruntime_cpu_fp32"] = run_onnx_worker(args, threads, work / f"{args.preset}_onnx")
         for variant in backends.RECIPES:
             results[variant] = backends.run_worker("pte", args, threads, work / f"{args.preset}_{variant}.pte")
-        by_threads[f"threads_{threads}"] = compare(results)
+        by_threads[f"threads_{threads}"] = backends.compare(results)
     flags = Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0] if Path("/proc/cpuinfo").exists() else ""
+    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "avx512": "avx512f" in flags}
+    machine["load_average"] = [round(x, 2) for x in os.getloadavg()]
     report = {
         "benchmark": "onnx_backends",
-        "preset": args.preset,
-        "threads": args.threads,
-        "runs": args.runs,
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "avx512": "avx512f" in flags,
-            "load_average": [round(x, 2) for x in os.getloadavg()],
-        },
+        **{k: getattr(args, k) for k in ("preset", "threads", "runs")},
+        "machine": machine,
         "targets": {"onnxruntime_cpu_fp32_speedup_vs_eager": 1.0},
         "exports": exports,
         "results": by_threads,

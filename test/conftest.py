@@ -36,3 +36,14 @@ def ros_context():
     rclpy.init(context=context)
     yield context
     context.try_shutdown()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test (exports and eager references), restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from helpers.pte_cache import ARM, exported_tiny
+from helpers.tiny_models import eager_tiny, raw_obs, reference
 from omni_ros.backends.onnx_backend import OnnxPolicy, OnnxRunner
 from omni_ros.config import ConfigError, PolicyConfig, load_config
 from omni_ros.export.methods import METHODS, example_inputs, method_module, signatures
@@ -22,43 +23,15 @@ from omni_ros.export.onnx_export import OPSET
 from omni_ros.export.ort_session import ExtraMissing, ProviderUnavailable, open_session
 from omni_ros.export.sidecar import ONNX_SIDECAR, OnnxModelError, file_sha256, read_onnx_sidecar
 from omni_ros.policy.factory import load_policy
-from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.model_config import preset
-from omni_ros.policy.torch_policy import TorchPolicy
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.usefixtures("one_torch_thread")]
 TOL = 1e-4
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
 def onnx_dir(tmp_path_factory):
     return exported_tiny(tmp_path_factory.getbasetemp(), "onnx")
-
-
-def _eager_tiny() -> Pi0Model:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return Pi0Model(preset("tiny", **ARM)).eval()
-
-
-def _reference(**kwargs) -> TorchPolicy:
-    return TorchPolicy.from_preset("tiny", **ARM, **kwargs)
-
-
-def _obs(seed: int, wrist: bool = True) -> dict:
-    rng = np.random.default_rng(seed)
-    images = {"base": rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)}
-    if wrist:
-        images["wrist"] = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    return {"images": images, "state": rng.normal(size=3), "prompt": f"pick up block {seed}"}
 
 
 def _copy(onnx_dir, tmp_path):
@@ -68,7 +41,7 @@ def _copy(onnx_dir, tmp_path):
 
 
 def test_every_graph_matches_eager(onnx_dir):
-    model, cfg = _eager_tiny(), preset("tiny", **ARM)
+    model, cfg = eager_tiny(), preset("tiny", **ARM)
     sigs = signatures(cfg)
     for method in METHODS:
         session = open_session(onnx_dir / f"{method}.onnx", ["cpu"], num_threads=1)
@@ -89,18 +62,18 @@ def test_every_graph_matches_eager(onnx_dir):
 
 @pytest.mark.parametrize("mode", ["staged", "fused"])
 def test_policy_matches_torch_policy(onnx_dir, mode):
-    reference = _reference(seed=7)
     policy = OnnxPolicy(onnx_dir, mode=mode, seed=7, num_threads=1)
-    assert policy.metadata.backend == "onnxruntime-cpu" and policy.runner.mode == mode
-    assert policy.metadata.camera_names == reference.metadata.camera_names
-    for obs in (_obs(0), _obs(1, wrist=False)):
-        out, ref = policy.infer(obs), reference.infer(obs)
-        assert out["actions"].shape == ref["actions"].shape == (8, 3) and out["actions"].dtype == np.float32
-        np.testing.assert_allclose(out["actions"], ref["actions"], rtol=0, atol=TOL)
-        assert set(out["policy_timing"]) == set(ref["policy_timing"])
-    # A different seed is different noise: the outputs really depend on it.
-    other = OnnxPolicy(onnx_dir, mode=mode, seed=8).infer(_obs(0))["actions"]
-    assert np.abs(other - policy.infer(_obs(0))["actions"]).max() > 1e-3
+    torch_policy = reference(seed=7)
+    assert (policy.metadata.backend, policy.runner.mode) == ("onnxruntime-cpu", mode)
+    assert policy.metadata.to_dict() == {**torch_policy.metadata.to_dict(), "backend": "onnxruntime-cpu"}
+    chunks = [(policy.infer(o), torch_policy.infer(o)) for o in (raw_obs(0), raw_obs(1, wrist=False))]
+    for got, want in chunks:
+        assert got["actions"].dtype == np.float32 and got["actions"].shape == (8, 3)
+        np.testing.assert_allclose(got["actions"], want["actions"], rtol=0, atol=TOL)
+        assert got["policy_timing"].keys() == want["policy_timing"].keys()
+    # The noise seed reaches the graphs: seed 8 samples another chunk.
+    reseeded = OnnxPolicy(onnx_dir, mode=mode, seed=8).infer(raw_obs(0))["actions"]
+    assert np.abs(reseeded - chunks[0][0]["actions"]).max() > 1e-3
 
 
 class _Counting:
@@ -120,9 +93,9 @@ def test_staged_keeps_the_prefix_kv_cache_across_steps(onnx_dir):
     calls: list[str] = []
     runner = policy.runner
     runner._sessions = {n: _Counting(s, calls, n) for n, s in runner._sessions.items()}
-    out = policy.infer(_obs(2))
+    out = policy.infer(raw_obs(2))
     assert calls == ["encode_images", "prefill"] + ["denoise_step"] * 3
-    np.testing.assert_allclose(out["actions"], _reference(num_steps=3).infer(_obs(2))["actions"], rtol=0, atol=TOL)
+    np.testing.assert_allclose(out["actions"], reference(num_steps=3).infer(raw_obs(2))["actions"], rtol=0, atol=TOL)
 
 
 def test_fused_refuses_another_step_count(onnx_dir):
@@ -233,7 +206,7 @@ def test_config_switch_loads_the_onnx_folder(onnx_dir, tmp_path):
     assert config.policy.onnx == str((tmp_path / "policy_onnx").resolve()) and config.policy.providers == ["cpu"]
     policy = load_policy(config.policy, camera_names=["base", "wrist"], state_dim=3, action_dim=3)
     assert isinstance(policy, OnnxPolicy)
-    np.testing.assert_allclose(policy.infer(_obs(5))["actions"], _reference().infer(_obs(5))["actions"], atol=TOL)
+    np.testing.assert_allclose(policy.infer(raw_obs(5))["actions"], reference().infer(raw_obs(5))["actions"], atol=TOL)
     with pytest.raises(OnnxModelError, match="cameras: program"):
         load_policy(config.policy, camera_names=["base"])
     with pytest.raises(ConfigError, match=re.escape("needs policy.onnx")):
@@ -268,9 +241,10 @@ def test_cli_without_the_qnn_extra_prints_one_line(root, tmp_path):
 
 def test_cli_exports_one_graph_and_reports_its_ops(root, tmp_path):
     out = tmp_path / "vision_onnx"
-    cmd = [sys.executable, "-m", "omni_ros.cli", "export", "--preset", "tiny", "--target", "onnx"]
-    cmd += ["--methods", "encode_images", "--state-dim", "3", "--action-dim", "3", "--out", str(out), "--json"]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    args = f"export --target onnx --preset tiny --state-dim 3 --action-dim 3 --methods encode_images --json --out {out}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_ros.cli", *args.split()], cwd=root, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["pte"] == str(out) and summary["sidecar"] == str(out / ONNX_SIDECAR)

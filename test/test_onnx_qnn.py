@@ -10,10 +10,10 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import TensorProto, helper
 
 from helpers.pte_cache import ARM, STAGED, exported_tiny
+from helpers.tiny_models import reference as tiny_reference
 from omni_ros.backends.onnx_backend import OnnxPolicy, OnnxRunner
 from omni_ros.export.calibration import CalibrationError, calibration_observations, sim_observations
 from omni_ros.export.onnx_export import HTP_MASK_VALUE
@@ -22,17 +22,8 @@ from omni_ros.export.qnn import QnnOptions
 from omni_ros.export.qnn_onnx import HTP_TOLERANCE
 from omni_ros.export.sidecar import OnnxModelError, file_sha256, read_onnx_sidecar
 from omni_ros.policy.model_config import preset
-from omni_ros.policy.torch_policy import TorchPolicy
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +65,7 @@ def test_whole_graph_is_placed_on_the_htp(qnn_dir):
 
 
 def test_quantized_actions_within_tolerance_of_eager(qnn_dir):
-    reference = TorchPolicy.from_preset("tiny", **ARM)
+    reference = tiny_reference()
     htp = OnnxPolicy(qnn_dir, providers=["qnn-htp"])
     cpu = OnnxPolicy(qnn_dir, providers=["cpu"])  # the same QDQ graphs on ONNX Runtime's CPU kernels
     scale, worst, emulator_vs_cpu = 0.0, 0.0, 0.0

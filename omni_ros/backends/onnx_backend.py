@@ -46,16 +46,17 @@ class OnnxRunner:
         folder: str | Path,
         *,
         providers: Sequence[str] = ("cpu",),
-        mode: str = "auto",
-        num_threads: int = 0,
         camera_names: Sequence[str] | None = None,
         state_dim: int | None = None,
         action_dim: int | None = None,
+        num_threads: int = 0,
+        mode: str = "auto",
     ) -> None:
+        """Sessions for `folder` on `providers`; the sidecar must agree with the robot's cameras and dims."""
+        providers = check_providers(providers)
         if mode not in MODES:
             raise ValueError(f"unknown mode '{mode}'; choose one of {', '.join(MODES)}")
         self.folder = folder = Path(folder)
-        providers = check_providers(providers)
         if providers[0] == "qnn-htp":
             qnn_ep_devices(import_onnxruntime())  # a missing qnn extra is the first thing to hear about
         sidecar = read_onnx_sidecar(folder)

@@ -180,6 +180,13 @@ def verify_file(path: Path, sha256: str, size: int, error: type[Exception] = Pte
         raise error(f"{path}: SHA-256 does not match its sidecar (corrupt or replaced file); export it again")
 
 
+def _read_json(path: Path, error: type[Exception]) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: not valid JSON: {exc}") from exc
+
+
 def read_sidecar(pte: str | Path, verify: bool = True) -> Sidecar:
     """The sidecar of `pte`, checked to describe this very file (size and SHA-256) when `verify`."""
     pte = Path(pte)
@@ -191,11 +198,7 @@ def read_sidecar(pte: str | Path, verify: bool = True) -> Sidecar:
             f"{pte}: sidecar {path.name} is missing; it is written by `omni-ros export` next to the .pte "
             "and holds the config, norm stats and signatures the runtime needs"
         )
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PteError(f"{path}: not valid JSON: {exc}") from exc
-    sidecar = Sidecar.from_dict(data, source=str(path))
+    sidecar = Sidecar.from_dict(_read_json(path, PteError), source=str(path))
     with open(pte, "rb") as f:
         header = f.read(8)
     if header[4:8] != PROGRAM_IDENTIFIER:
@@ -221,11 +224,7 @@ def read_onnx_sidecar(folder: str | Path, verify: bool = True) -> Sidecar:
             f"{folder}: sidecar {ONNX_SIDECAR} is missing; `omni-ros export --target onnx` writes it next to the "
             ".onnx files and it holds the config, norm stats and signatures the runtime needs"
         )
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OnnxModelError(f"{path}: not valid JSON: {exc}") from exc
-    sidecar = Sidecar.from_dict(data, source=str(path), expect=ONNX_FORMAT)
+    sidecar = Sidecar.from_dict(_read_json(path, OnnxModelError), source=str(path), expect=ONNX_FORMAT)
     missing = [m for m in sidecar.methods if f"{m}.onnx" not in sidecar.files]
     if missing:
         raise OnnxModelError(f"{path}: lists no file for methods {missing}")

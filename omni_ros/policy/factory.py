@@ -52,21 +52,10 @@ def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim, 
         raise ConfigError("policy.backend 'executorch' needs policy.pte (a .pte written by `omni-ros export`)")
     if config.dtype != "float32":
         raise ConfigError("policy.dtype is fixed by the exported program for backend 'executorch'; use float32")
-    path = Path(config.pte)
-    if base_dir is not None and not path.is_absolute() and not path.exists():
-        path = Path(base_dir) / path
+    path = _resolve(config.pte, base_dir)
     from omni_ros.backends.executorch_backend import ExecuTorchPolicy
 
-    return ExecuTorchPolicy(
-        path,
-        seed=config.seed,
-        num_steps=config.num_steps,
-        num_threads=config.num_threads,
-        device=config.device,
-        camera_names=camera_names,
-        state_dim=state_dim,
-        action_dim=action_dim,
-    )
+    return ExecuTorchPolicy(path, device=config.device, **_exported(config, camera_names, state_dim, action_dim))
 
 
 def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim, base_dir) -> Policy:
@@ -76,21 +65,30 @@ def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim,
         raise ConfigError(
             "backend 'onnxruntime' takes policy.providers (cpu, qnn-htp, cuda, tensorrt), not dtype/device"
         )
-    path = Path(config.onnx)
-    if base_dir is not None and not path.is_absolute() and not path.exists():
-        path = Path(base_dir) / path
     from omni_ros.backends.onnx_backend import OnnxPolicy
 
-    return OnnxPolicy(
-        path,
-        providers=config.providers,
-        seed=config.seed,
-        num_steps=config.num_steps,
-        num_threads=config.num_threads,
-        camera_names=camera_names,
-        state_dim=state_dim,
-        action_dim=action_dim,
-    )
+    path = _resolve(config.onnx, base_dir)
+    return OnnxPolicy(path, providers=config.providers, **_exported(config, camera_names, state_dim, action_dim))
+
+
+def _exported(config: PolicyConfig, camera_names, state_dim, action_dim) -> dict:
+    """What every exported-program backend takes from the config and the robot (its sidecar must agree)."""
+    return {
+        "seed": config.seed,
+        "num_steps": config.num_steps,
+        "num_threads": config.num_threads,
+        "camera_names": camera_names,
+        "state_dim": state_dim,
+        "action_dim": action_dim,
+    }
+
+
+def _resolve(path: str, base_dir: str | Path | None) -> Path:
+    """A relative path that does not exist here is relative to the config file's folder."""
+    resolved = Path(path)
+    if base_dir is not None and not resolved.is_absolute() and not resolved.exists():
+        resolved = Path(base_dir) / resolved
+    return resolved
 
 
 def _check_agrees(policy: Policy, camera_names, state_dim, action_dim, source: str) -> None:
