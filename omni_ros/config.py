@@ -136,4 +136,6 @@ def load_config(path: str | os.PathLike | None = None, cls: type[T] = OmniConfig
         policy.pte = str((path.parent / policy.pte).resolve())
     if isinstance(policy, PolicyConfig) and policy.tokenizer and not Path(policy.tokenizer).is_absolute():
         policy.tokenizer = str((path.parent / policy.tokenizer).resolve())
+    if isinstance(policy, PolicyConfig) and policy.onnx and not Path(policy.onnx).is_absolute():
+        policy.onnx = str((path.parent / policy.onnx).resolve())
     return config

@@ -36,9 +36,11 @@ def load_policy(
         return _load_torch(config, camera_names, state_dim, action_dim)
     if config.backend == "executorch":
         return _load_executorch(config, camera_names, state_dim, action_dim)
+    if config.backend == "onnxruntime":
+        return _load_onnxruntime(config, camera_names, state_dim, action_dim)
     if config.backend == "remote":
         return _load_remote(config, camera_names, state_dim, action_dim)
-    raise ConfigError(f"unknown policy.backend '{config.backend}'; use torch, executorch or remote")
+    raise ConfigError(f"unknown policy.backend '{config.backend}'; use torch, executorch, onnxruntime or remote")
 
 
 def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
@@ -57,15 +59,28 @@ def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim) 
     from omni_ros.backends.executorch_runner import load_pte
 
     return load_pte(
-        Path(config.pte),
-        seed=config.seed,
-        num_steps=config.num_steps,
-        num_threads=config.num_threads,
-        device=config.device,
-        camera_names=camera_names,
-        state_dim=state_dim,
-        action_dim=action_dim,
+        Path(config.pte or ""), device=config.device, **_exported(config, camera_names, state_dim, action_dim)
     )
+
+
+def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+    # PolicyConfig checked itself: a folder is given, and no dtype or device beside the providers.
+    from omni_ros.backends.onnx_runner import load_onnx
+
+    folder = Path(config.onnx or "")
+    return load_onnx(folder, providers=config.providers, **_exported(config, camera_names, state_dim, action_dim))
+
+
+def _exported(config: PolicyConfig, camera_names, state_dim, action_dim) -> dict:
+    """What every exported-program backend takes from the config and the robot (its sidecar must agree)."""
+    return {
+        "seed": config.seed,
+        "num_steps": config.num_steps,
+        "num_threads": config.num_threads,
+        "camera_names": camera_names,
+        "state_dim": state_dim,
+        "action_dim": action_dim,
+    }
 
 
 def _load_remote(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:

@@ -47,10 +47,15 @@ class PolicyConfig:
     # Checkpoint folder: omni_ros's (config.json + model.safetensors), a LeRobot save_pretrained folder
     # (pi0, pi05) or an openpi PyTorch checkpoint; relative paths are resolved against the config file's folder.
     checkpoint: str | None = None
-    backend: Literal["torch", "executorch", "remote"] = "torch"
+    backend: Literal["torch", "executorch", "onnxruntime", "remote"] = "torch"
     # ExecuTorch program (`omni-ros export`) for backend executorch; its sidecar <pte>.json must sit beside it.
     # Relative paths are resolved against the config file's directory.
     pte: str | None = None
+    # ONNX export folder (`omni-ros export --target onnx | qnn-onnx`) for backend onnxruntime; same path rules.
+    onnx: str | None = None
+    # ONNX Runtime execution providers, in order: cpu, qnn-htp (alone: the whole graph on the HTP; then cpu: CPU
+    # fallback allowed), cuda, tensorrt.
+    providers: list[str] = field(default_factory=lambda: ["cpu"])
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16"] = "float32"
     # Euler steps of the flow-matching sampler; null keeps the model's own (10 for small/pi0).
@@ -71,6 +76,13 @@ class PolicyConfig:
                 raise FieldError("backend", "'executorch' needs policy.pte (a .pte written by `omni-ros export`)")
             if self.dtype != "float32":
                 raise FieldError("dtype", "is fixed by the exported program for backend 'executorch'; use float32")
+        if self.backend == "onnxruntime":
+            if not self.onnx:
+                raise FieldError("backend", "'onnxruntime' needs policy.onnx (a folder written by `omni-ros export`)")
+            if self.dtype != "float32" or self.device != "cpu":
+                raise FieldError(
+                    "backend", "'onnxruntime' takes policy.providers (cpu, qnn-htp, cuda, tensorrt), not dtype/device"
+                )
         if self.backend == "remote" and not self.remote.url:
             raise FieldError("remote.url", "is needed by backend 'remote' (e.g. ws://127.0.0.1:8000)")
         if self.num_steps is not None and self.num_steps < 1:
