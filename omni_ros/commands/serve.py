@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-from typing import Any
 
 from omni_ros.commands.common import add_config_args, config_from_args
-from omni_ros.config import ConfigError
-
-
-def _load_policy(args: argparse.Namespace, config: Any, keymap: Any) -> Any:
-    dims: dict[str, Any] = {}
-    if keymap is not None:
-        dims = {"camera_names": keymap.camera_names, "state_dim": keymap.state_dim, "action_dim": keymap.action_dim}
-    if args.policy_factory:
-        module_name, _, attr = args.policy_factory.partition(":")
-        if not attr:
-            raise ConfigError(f"--policy-factory: expected MODULE:CALLABLE, got {args.policy_factory!r}")
-        factory = getattr(importlib.import_module(module_name), attr)
-        return factory(**dims)
-    from omni_ros.backends.factory import load_policy
-
-    return load_policy(config.policy, **dims)
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from omni_ros.serving.keymap import CANONICAL, load_keymap
+    from omni_ros.serving.policies import load_served_policy
     from omni_ros.serving.server import PolicyServer
 
     config = config_from_args(args)
@@ -51,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         serve.batching.max_wait_ms = args.max_wait_ms
 
     keymap = None if serve.keymap == CANONICAL else load_keymap(serve.keymap)
-    policy = _load_policy(args, config, keymap)
+    policy = load_served_policy(config.policy, keymap, args.policy_factory)
     server = PolicyServer(policy, serve, keymap)
 
     async def main() -> None:
