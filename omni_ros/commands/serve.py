@@ -1,12 +1,22 @@
-"""`omni-ros serve`: the configured policy behind an OpenPI-compatible WebSocket server."""
+"""`omni-ros serve`: the configured policy behind an OpenPI-compatible WebSocket server.
+
+With `--ray` the same endpoint runs as a Ray Serve application (omni_ros/serving/ray_serve.py), on a local
+cluster this command starts and stops, or on a running cluster given by `--ray-address`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
+import time
+from typing import Any
 
 from omni_ros.commands.common import add_config_args, config_from_args
+from omni_ros.config import ConfigError, OmniConfig
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_wait_ms is not None:
         serve.batching.max_wait_ms = args.max_wait_ms
 
+    if args.ray:
+        return run_on_ray(args, config)
+
     keymap = None if serve.keymap == CANONICAL else load_keymap(serve.keymap)
     policy = load_served_policy(config.policy, keymap, args.policy_factory)
     server = PolicyServer(policy, serve, keymap)
@@ -46,6 +59,57 @@ def run(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     print(f"omni-ros serve: stopped after {server.requests_served} requests")
+    return 0
+
+
+def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
+    from omni_ros.cluster import LocalCluster, RemoteCluster, check_ray, free_port
+
+    check_ray("omni-ros serve --ray")
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas: must be >= 1, got {args.replicas}")
+    serve = config.serve
+    port = serve.port or free_port(serve.host)
+    if args.ray_address:
+        cluster: Any = RemoteCluster(args.ray_address)
+    else:
+        cpus = max(os.cpu_count() or 1, int(args.replicas * args.num_cpus + 0.999))
+        cluster = LocalCluster(num_cpus=cpus)
+
+    stop = threading.Event()
+    start = time.monotonic()
+    try:
+        cluster.start()
+        # After ray.init, which installs a SIGTERM handler of its own.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        cluster.start_serve(port, host=serve.host)
+        from omni_ros.serving.ray_serve import RaySpec, deploy
+
+        spec = RaySpec(
+            serve=serve,
+            policy=config.policy,
+            policy_factory=args.policy_factory,
+            design=args.design,
+            replicas=args.replicas,
+            num_cpus=args.num_cpus,
+            num_gpus=args.num_gpus,
+        )
+        url = f"ws://{serve.host}:{port}"
+        metadata = deploy(spec, url)
+        print(
+            f"omni-ros serve: listening on {url} (health: http://{serve.host}:{port}/healthz); Ray Serve, "
+            f"{args.replicas} {args.design} replica(s), up in {time.monotonic() - start:.1f} s"
+        )
+        print(json.dumps(metadata, indent=2, default=str))
+        sys.stdout.flush()
+        while not stop.wait(0.5):
+            pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
+        cluster.stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    print("omni-ros serve: stopped (Ray Serve application and cluster shut down)")
     return 0
 
 
@@ -69,5 +133,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--policy-factory",
         metavar="MODULE:CALLABLE",
         help="serve the policy returned by CALLABLE(camera_names=, state_dim=, action_dim=) instead of config.policy",
+    )
+    ray = p.add_argument_group(
+        "Ray Serve",
+        "With --ray the same endpoint runs as a Ray Serve application (replicas, restarts, placement on a "
+        "cluster); without --ray-address on a local Ray cluster on 127.0.0.1 that this command starts and stops. "
+        "Needs the 'ray' extra (pip install 'ray[serve]').",
+    )
+    ray.add_argument("--ray", action="store_true", help="serve through Ray Serve")
+    ray.add_argument("--replicas", type=int, default=1, help="policy replicas (default 1; fused: one per GPU)")
+    ray.add_argument(
+        "--design",
+        choices=("fused", "two-hop"),
+        default="fused",
+        help="fused: the policy in the WebSocket replica, a connection keeps its replica (default); "
+        "two-hop: an ingress replica forwards each request to a policy replica, retried on failure",
+    )
+    ray.add_argument("--num-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
+    ray.add_argument("--num-gpus", type=float, default=0.0, help="GPUs reserved per replica (default 0)")
+    ray.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="deploy on this running Ray cluster (e.g. 10.0.0.5:6379) instead of a local one; "
+        "the application is deleted again on exit",
     )
     p.set_defaults(func=run)

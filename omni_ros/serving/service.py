@@ -153,6 +153,13 @@ class PolicyService:
         idle = [t for t in self._connections if t not in self._busy]
         await asyncio.gather(*(t.close(CloseCode.GOING_AWAY, "server shutting down") for t in idle))
 
+    async def drain(self, timeout_s: float) -> None:
+        """`close_idle`, then wait up to `timeout_s` for the busy connections to get their replies."""
+        await self.close_idle()
+        deadline = time.monotonic() + timeout_s
+        while self._busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
     # -- admission ---------------------------------------------------------------
 
     def authorized(self, headers: Mapping[str, str]) -> bool:

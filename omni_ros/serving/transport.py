@@ -17,6 +17,7 @@ class CloseCode(enum.IntEnum):
 
     NORMAL_CLOSURE = 1000
     GOING_AWAY = 1001
+    POLICY_VIOLATION = 1008
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
 
