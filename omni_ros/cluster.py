@@ -57,13 +57,21 @@ def check_ray(what: str = "--ray") -> None:
         raise ConfigError(f"{what} needs Ray, which is not installed: {INSTALL_HINT}")
 
 
+# One token per process: Ray caches the token it read, so every cluster this process starts shares it.
+_TOKEN = secrets.token_hex(32)
+
+
 def _import_ray() -> ModuleType:
-    """`import ray` after CLUSTER_ENV is in the environment: Ray reads some of it once, on import."""
+    """`import ray` after CLUSTER_ENV is in the environment. Ray reads some of it once (the node-IP rule on
+    import, the auth mode and token on first use); when Ray was imported earlier (a test module, say), the
+    same settings are refreshed the way Ray itself does when it turns token auth on."""
     import ray
     from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
 
-    # Imported before the variable was set (a test module, say): the value it would have read.
     ray_constants.ENABLE_RAY_CLUSTER = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0"
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
     return ray
 
 
@@ -104,7 +112,7 @@ class LocalCluster:
         self.temp_dir = Path(tempfile.mkdtemp(prefix="omni-ray-", dir="/tmp" if os.path.isdir("/tmp") else None))
         env = {**self.env, MARKER: str(self.temp_dir)}
         if "RAY_AUTH_MODE" not in os.environ and "RAY_AUTH_MODE" not in env:
-            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=_TOKEN)
         for key, value in env.items():
             self._saved_env.setdefault(key, os.environ.get(key))
             os.environ[key] = value
