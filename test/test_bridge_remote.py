@@ -117,9 +117,8 @@ def test_a_restarted_server_with_another_layout_is_refused():
     server.stop()
     # Same key map, but chunks of another length: its answers must not reach this robot.
     other = EchoPolicy(keymap.camera_names, 8, 8, horizon=20)
-    with ServerThread(other, ServeConfig(port=port), keymap):
-        with pytest.raises(RemotePolicyError, match="another policy layout"):
-            remote.infer(_raw(first, rng))
+    with ServerThread(other, ServeConfig(port=port), keymap), pytest.raises(RemotePolicyError, match="another"):
+        remote.infer(_raw(first, rng))
     assert other.calls == 0
 
 
