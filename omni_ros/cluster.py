@@ -131,6 +131,8 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+        # The cluster's processes have it now; processes this one starts later are not the cluster's.
+        os.environ.pop(MARKER, None)
         logger.info("Ray cluster up on 127.0.0.1 (temp dir %s)", self.temp_dir)
         return self
 
