@@ -16,6 +16,7 @@ from websockets.exceptions import InvalidStatus
 from helpers.bridge_policies import EchoPolicy, expected_actions
 from helpers.bridge_util import healthz, libero_obs, start_serve, stop_serve
 from omni_ros.cluster import MARKER
+from omni_ros.config import ConfigError
 from omni_ros.observation import make_observation
 from omni_ros.serving.keymap import load_keymap
 
@@ -95,3 +96,20 @@ def test_without_ray_a_one_line_error(root, tmp_path, command):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs Ray, which is not installed: pip install 'ray[serve]" in lines[0], lines
+
+
+def test_the_shipped_serve_config_is_valid_and_builds(root):
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from omni_ros.serving.ray_serve import spec_from_args
+
+    data = yaml.safe_load((root / "config" / "serve_ray.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(data)
+    assert schema.http_options.host == "127.0.0.1"
+    (app,) = schema.applications
+    assert app.import_path == "omni_ros.serving.ray_serve:build" and app.route_prefix == "/"
+    spec = spec_from_args(app.args)
+    assert (spec.replicas, spec.design, spec.serve.keymap, spec.serve.batching.enabled) == (2, "fused", "droid", True)
+    with pytest.raises(ConfigError, match="unknown argument"):
+        spec_from_args({"replica": 2})
