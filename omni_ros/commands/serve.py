@@ -68,6 +68,10 @@ def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
     check_ray("omni-ros serve --ray")
     if args.replicas < 1:
         raise ConfigError(f"--replicas: must be >= 1, got {args.replicas}")
+    if config.serve.keymap != "canonical":
+        from omni_ros.serving.keymap import load_keymap
+
+        load_keymap(config.serve.keymap)  # a bad name fails here, not in every replica
     serve = config.serve
     port = serve.port or free_port(serve.host)
     if args.ray_address:
