@@ -117,10 +117,6 @@ class PolicyService:
     def batcher(self) -> Batcher | None:
         return self._batcher
 
-    @property
-    def api_key_required(self) -> bool:
-        return self._api_key is not None
-
     # -- lifecycle -------------------------------------------------------------
 
     def start_inference(self) -> None:
