@@ -1,14 +1,15 @@
 """Benchmark of the OpenPI endpoint on Ray Serve against the single-process server; prints one JSON document.
 
     nice -n 10 .venv/bin/python bench/ray_serve.py [--out bench/results/ray_serve.json] [--requests 300]
-        [--duration 15] [--presets tiny small] [--device cpu]
+        [--duration 15] [--small-duration 40] [--presets tiny small] [--device cpu]
 
 Everything in one run, one local Ray cluster on 127.0.0.1, the same client (the real openpi-client) for
 every server, DROID observations (2 x 224x224x3 uint8):
   - overhead: one client's round trip against a trivial policy (a constant chunk) behind the plain
     server (its own process), the fused Serve design (policy in the WebSocket replica) and the two-hop
     design (ingress -> DeploymentHandle -> policy replica); p50 / p95 ms, and p50 minus the plain one;
-  - throughput: 16 closed-loop clients for `--duration` s against each preset behind the plain server
+  - throughput: 16 closed-loop clients for `--duration` s (`--small-duration` for `small`; answers
+    completed in that window count) against each preset behind the plain server
     (1 and 2 torch threads) and fused Serve with 1 and 2 replicas (1 thread each), batching on
     everywhere; requests/s, p50 latency and the mean batch size the server reports;
   - replica replacement: one of 2 fused replicas SIGKILLed under load: how long its RemotePolicy client
@@ -163,7 +164,8 @@ def throughput(url: str, clients: int, duration_s: float, warmup_s: float = 3.0)
             except Exception as exc:  # counted, and the client stops
                 errors.append(f"{type(exc).__name__}: {exc}")
                 return
-            if start >= measure_from and time.monotonic() <= stop_at:
+            # Answers completed inside the window count (a slow batch may have started before it).
+            if measure_from <= time.monotonic() <= stop_at:
                 with lock:
                     latencies.append((time.monotonic() - start) * 1e3)
                     batches.append(int(result["server_timing"].get("batch_size", 1)))
@@ -249,6 +251,7 @@ def main() -> None:
     parser.add_argument("--out", help="also write the JSON here (e.g. bench/results/ray_serve.json)")
     parser.add_argument("--requests", type=int, default=300, help="overhead: requests per server")
     parser.add_argument("--duration", type=float, default=15.0, help="throughput: seconds per configuration")
+    parser.add_argument("--small-duration", type=float, default=40.0, help="the same for the slow `small` preset")
     parser.add_argument("--clients", type=int, default=16, help="throughput: concurrent clients")
     parser.add_argument("--presets", nargs="+", default=["tiny", "small"], help="policies for throughput")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (one GPU per replica with cuda)")
@@ -297,9 +300,11 @@ def main() -> None:
         report["throughput"] = {}
         for preset in args.presets:
             rows = {}
+            duration = args.small_duration if preset == "small" else args.duration
+            warmup = duration / 3
             for threads in (1, 2):
                 with PlainServer(preset, threads, args.device) as plain_url:
-                    rows[f"plain_{threads}_thread"] = throughput(plain_url, args.clients, args.duration)
+                    rows[f"plain_{threads}_thread"] = throughput(plain_url, args.clients, duration, warmup)
             for replicas in (1, 2):
                 spec = RaySpec(
                     serve=ServeConfig(keymap="droid", batching=BatchingConfig(True, max_batch=16)),
@@ -309,7 +314,7 @@ def main() -> None:
                     num_gpus=gpu,
                 )
                 name = _deploy(f"{preset}-{replicas}", spec)
-                rows[f"fused_{replicas}_replica"] = throughput(f"{base}/{name}/", args.clients, args.duration)
+                rows[f"fused_{replicas}_replica"] = throughput(f"{base}/{name}/", args.clients, duration, warmup)
                 if preset == args.presets[0] and replicas == 2:
                     report["replacement"] = replacement(f"{base}/{name}/")
                 serve.delete(name)
