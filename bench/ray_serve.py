@@ -20,7 +20,6 @@ Absolute numbers depend on the machine and its load; compare ratios within one r
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import platform
 import signal
@@ -37,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit
+from common import SpawnedServer, emit
 
 from omni_ros.observation import ObservationSpec
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
@@ -87,24 +86,9 @@ def _plain_main(preset: str | None, threads: int, device: str, pipe, stop) -> No
         stop.wait()
 
 
-class PlainServer:
-    def __init__(self, preset: str | None = None, threads: int = 1, device: str = "cpu") -> None:
-        ctx = mp.get_context("spawn")
-        self._parent, child = ctx.Pipe()
-        self._stop = ctx.Event()
-        self._proc = ctx.Process(target=_plain_main, args=(preset, threads, device, child, self._stop), daemon=True)
-
-    def __enter__(self) -> str:
-        self._proc.start()
-        if not self._parent.poll(600):
-            raise RuntimeError("benchmark server did not start")
-        return f"ws://127.0.0.1:{self._parent.recv()}"
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._proc.join(30)
-        if self._proc.is_alive():
-            self._proc.kill()
+def plain_server(preset: str | None = None, threads: int = 1, device: str = "cpu") -> SpawnedServer:
+    """The single-process server in its own process (the trivial policy when `preset` is None)."""
+    return SpawnedServer(_plain_main, preset, threads, device)
 
 
 # -- clients ------------------------------------------------------------------------------------------------
@@ -283,7 +267,7 @@ def main() -> None:
         trivial = {"serve": ServeConfig(keymap="droid"), "policy_factory": TRIVIAL, "num_cpus": 0}
         _deploy("fused", RaySpec(**trivial))
         _deploy("two-hop", RaySpec(**trivial, design="two-hop"))
-        with PlainServer() as plain_url:
+        with plain_server() as plain_url:
             rows = {
                 "plain": overhead(plain_url, args.requests),
                 "fused": overhead(f"{base}/fused/", args.requests),
@@ -303,7 +287,7 @@ def main() -> None:
             duration = args.small_duration if preset == "small" else args.duration
             warmup = duration / 3
             for threads in (1, 2):
-                with PlainServer(preset, threads, args.device) as plain_url:
+                with plain_server(preset, threads, args.device) as plain_url:
                     rows[f"plain_{threads}_thread"] = throughput(plain_url, args.clients, duration, warmup)
             for replicas in (1, 2):
                 spec = RaySpec(
