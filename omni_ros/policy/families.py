@@ -20,6 +20,8 @@ from omni_ros.policy.tokenizer import Tokenizer
 @dataclass(frozen=True)
 class Family:
     name: str
+    # The family's model config (a dataclass with from_dict / to_dict), e.g. what a .pte sidecar stores.
+    config_type: type
     # config -> a model with random weights (its inference stages: see omni_ros.policy.torch_runner)
     build_model: Callable[[Any], nn.Module]
     # (config, norm stats, tokenizer) -> the family's pre/post-processing
@@ -28,6 +30,7 @@ class Family:
 
 def _pi0() -> Family:
     """pi0 and pi0.5 (`ModelConfig.variant`): omni_ros's own models and LeRobot / openpi checkpoints."""
+    from omni_ros.policy.pi0.configuration import ModelConfig
     from omni_ros.policy.pi0.modeling import Pi0Model
     from omni_ros.policy.pi0.processing import Pi0Processor, ReferenceProcessor
 
@@ -38,10 +41,24 @@ def _pi0() -> Family:
             return ReferenceProcessor(cfg, stats, tokenizer)
         return Pi0Processor(cfg, stats, tokenizer)
 
-    return Family("pi0", Pi0Model, processor)
+    return Family("pi0", ModelConfig, Pi0Model, processor)
 
 
-_FAMILIES: dict[str, Callable[[], Family]] = {"pi0": _pi0}
+def _smolvla() -> Family:
+    """LeRobot's SmolVLA checkpoints."""
+    from omni_ros.policy.smolvla.configuration import SmolVLAConfig
+    from omni_ros.policy.smolvla.modeling import SmolVLAModel
+    from omni_ros.policy.smolvla.processing import SmolVLAProcessor
+
+    def processor(cfg: Any, stats: NormStats, tokenizer: Tokenizer | None) -> Processor:
+        if tokenizer is None:
+            raise ValueError("a SmolVLA checkpoint needs its tokenizer (tokenizer.json)")
+        return SmolVLAProcessor(cfg, stats, tokenizer)
+
+    return Family("smolvla", SmolVLAConfig, SmolVLAModel, processor)
+
+
+_FAMILIES: dict[str, Callable[[], Family]] = {"pi0": _pi0, "smolvla": _smolvla}
 
 
 def get(name: str) -> Family:

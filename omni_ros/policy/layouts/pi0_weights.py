@@ -82,20 +82,8 @@ def our_key(key: str) -> str | None:
     if key.startswith(_UNUSED):
         return None
     if key.startswith(VISION):
-        rest = key[len(VISION) :]
-        if rest.startswith("embeddings.patch_embedding."):
-            return "vision.patch_embed." + rest.rsplit(".", 1)[1]
-        if rest == "embeddings.position_embedding.weight":
-            return "vision.pos_embed"
-        if rest.startswith("post_layernorm."):
-            return "vision.norm." + rest.rsplit(".", 1)[1]
-        m = re.fullmatch(r"encoder\.layers\.(\d+)\.(.+)\.(weight|bias)", rest)
-        if m:
-            i, part, kind = m.groups()
-            if part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-                return f"vision.blocks.{i}.qkv.{part[-6]}.{kind}"  # joined by `join_qkv`
-            if part in _VIT:
-                return f"vision.blocks.{i}.{_VIT[part]}.{kind}"
+        if (mapped := siglip_key(key[len(VISION) :])) is not None:
+            return mapped
     elif key.startswith(PALI + "model.multi_modal_projector.linear."):
         return "vision.proj." + key.rsplit(".", 1)[1]
     elif key == LANGUAGE + "embed_tokens.weight":
@@ -114,6 +102,35 @@ def our_key(key: str) -> str | None:
     raise CheckpointError(f"unknown tensor '{key}' for a pi0 / pi0.5 checkpoint")
 
 
+def siglip_key(rest: str) -> str | None:
+    """The `vision.` parameter name of a SigLIP tensor (`rest`: its key below `vision_model.`), or None.
+
+    q/k/v become rows of one `qkv` linear: `qkv.q.weight` etc. here, placed by `siglip_placement`."""
+    if rest.startswith("embeddings.patch_embedding."):
+        return "vision.patch_embed." + rest.rsplit(".", 1)[1]
+    if rest == "embeddings.position_embedding.weight":
+        return "vision.pos_embed"
+    if rest.startswith("post_layernorm."):
+        return "vision.norm." + rest.rsplit(".", 1)[1]
+    m = re.fullmatch(r"encoder\.layers\.(\d+)\.(.+)\.(weight|bias)", rest)
+    if m:
+        i, part, kind = m.groups()
+        if part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+            return f"vision.blocks.{i}.qkv.{part[-6]}.{kind}"
+        if part in _VIT:
+            return f"vision.blocks.{i}.{_VIT[part]}.{kind}"
+    return None
+
+
+def siglip_placement(mapped: str, vision_width: int, unsqueeze_positions: bool) -> Placement:
+    """Where the tensor named `mapped` goes: q/k/v as rows of `qkv`, positions with a leading 1 if asked."""
+    if ".qkv." in mapped:
+        block, part = mapped.split(".qkv.")
+        index = "qkv".index(part[0])
+        return Placement(f"{block}.qkv.{part[2:]}", rows=(index * vision_width, (index + 1) * vision_width))
+    return Placement(mapped, unsqueeze=unsqueeze_positions and mapped == "vision.pos_embed")
+
+
 def placer(keys: list[str], shapes: Callable[[str], tuple[int, ...]], strip_prefix: str = "") -> Place:
     """Where each tensor of a reference pi0 / pi0.5 file goes in the pi0 family's model."""
     names = {k: k[len(strip_prefix) :] if strip_prefix and k.startswith(strip_prefix) else k for k in keys}
@@ -125,13 +142,7 @@ def placer(keys: list[str], shapes: Callable[[str], tuple[int, ...]], strip_pref
         if modern_key(name) == PALI + "lm_head.weight" and not has_embedding:
             return Placement("backbone.embed_tokens.weight")  # tied: public checkpoints ship only lm_head
         mapped = our_key(name)
-        if mapped is None:
-            return None
-        if ".qkv." in mapped:
-            block, part = mapped.split(".qkv.")
-            index = "qkv".index(part[0])
-            return Placement(f"{block}.qkv.{part[2:]}", rows=(index * vision_width, (index + 1) * vision_width))
-        return Placement(mapped, unsqueeze=mapped == "vision.pos_embed")
+        return None if mapped is None else siglip_placement(mapped, vision_width, unsqueeze_positions=True)
 
     return place
 

@@ -46,8 +46,11 @@ def in_folder(folder: Path) -> Path | None:
     return None
 
 
-def find_tokenizer(folder: Path, given: Any, hub_name: str, vocab_size: int) -> tuple[Tokenizer, str, TokenizerConfig]:
-    """(tokenizer, where it came from, its config) for checkpoint `folder`; checks it fits the embedding."""
+def find_tokenizer(
+    folder: Path, given: Any, hub_name: str, vocab_size: int, exact: bool = True
+) -> tuple[Tokenizer, str, TokenizerConfig]:
+    """(tokenizer, where it came from, its config) for checkpoint `folder`; checks it fits the embedding (the
+    same size, or with `exact=False` at most the embedding's rows)."""
     if given is not None and not isinstance(given, (str, os.PathLike)):
         tokenizer, source, file = given, "given", getattr(given, "path", None)
     else:
@@ -75,7 +78,7 @@ def find_tokenizer(folder: Path, given: Any, hub_name: str, vocab_size: int) -> 
             raise CheckpointError(f"tokenizer {file}: {exc}") from exc
         source = str(file)
     size = getattr(tokenizer, "vocab_size", None)
-    if size is not None and size != vocab_size:
+    if size is not None and (size > vocab_size or (exact and size != vocab_size)):
         what = "ids past the end of" if size > vocab_size else "fewer tokens than"
         raise CheckpointError(
             f"tokenizer {source} has {size} tokens for a token embedding of {vocab_size} rows ({what} the embedding): "

@@ -8,7 +8,7 @@ file; the LeRobot and openpi layouts build one from their own files.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from omni_ros.observation import ObservationSpec
 from omni_ros.policy.base import PolicyMetadata
@@ -83,6 +83,9 @@ class ProcessingConfig:
 
 @dataclass
 class ModelConfig:
+    # The model family (omni_ros.policy.families) that runs this config.
+    family: ClassVar[str] = "pi0"
+
     name: str = "small"
     camera_names: list[str] = field(default_factory=lambda: ["base", "wrist"])
     state_dim: int = 8
