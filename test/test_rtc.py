@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import preset
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pi0.presets import preset
 from omni_ros.policy.rtc import (
     RtcError,
     RtcRequest,
@@ -22,10 +23,7 @@ from omni_ros.policy.rtc import (
 )
 from omni_ros.policy.sampler import euler_sample
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def paper_mask(d: int, end: int, horizon: int, schedule: str) -> list[float]:
@@ -95,7 +93,7 @@ def velocity():
     token_mask = torch.ones(1, t, dtype=torch.bool)
     state = torch.randn(1, cfg.state_dim, generator=g)
     with torch.no_grad():
-        prefix, prefix_mask = model.embed_prefix(images, masks, tokens, token_mask)
+        prefix, prefix_mask = model.embed_prefix(ModelInputs(images, masks, tokens, token_mask, state))
         cache = model.prefill(prefix, prefix_mask)
 
     def fn(x, time):

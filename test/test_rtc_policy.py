@@ -9,17 +9,15 @@ import pytest
 import torch
 
 from helpers.rtc_util import demo_policy, two_observations
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import preset
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.loading import from_model
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pi0.presets import preset
 from omni_ros.policy.rtc import RtcError, RtcRequest, clean_prefix
-from omni_ros.policy.torch_policy import TorchPolicy
 from omni_ros.policy.train import Trainer
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +107,14 @@ def test_training_time_rtc_puts_no_loss_on_the_prefix():
     g = torch.Generator().manual_seed(0)
     b, h = 2, cfg.action_horizon
     s, c, t = cfg.vision.image_size, len(cfg.camera_names), cfg.tokenizer.max_tokens
-    batch = {
-        "images": torch.rand(b, c, 3, s, s, generator=g) * 2 - 1,
-        "image_masks": torch.ones(b, c, dtype=torch.bool),
-        "tokens": torch.randint(0, 256, (b, t), generator=g),
-        "token_mask": torch.ones(b, t, dtype=torch.bool),
-        "state": torch.randn(b, cfg.state_dim, generator=g),
-        "actions": torch.randn(b, h, cfg.action_dim, generator=g),
-    }
+    inputs = ModelInputs(
+        images=torch.rand(b, c, 3, s, s, generator=g) * 2 - 1,
+        image_masks=torch.ones(b, c, dtype=torch.bool),
+        tokens=torch.randint(0, 256, (b, t), generator=g),
+        token_mask=torch.ones(b, t, dtype=torch.bool),
+        state=torch.randn(b, cfg.state_dim, generator=g),
+    )
+    batch = {"inputs": inputs, "actions": torch.randn(b, h, cfg.action_dim, generator=g)}
     delay = torch.tensor([3, 0])
     # The velocity predicted for the clean prefix gets no gradient: the loss does not look at it.
     seen = {}
@@ -139,7 +137,7 @@ def test_a_model_trained_with_rtc_inpaints_with_a_clean_prefix():
     cfg = dataclasses.replace(preset("tiny"), rtc_max_delay=3)
     torch.manual_seed(0)
     model = Pi0Model(cfg)
-    policy = TorchPolicy(model, NormStats.identity(cfg.state_dim, cfg.action_dim))
+    policy = from_model(model, NormStats.identity(cfg.state_dim, cfg.action_dim))
     rng = np.random.default_rng(0)
     obs = {"images": {n: rng.integers(0, 255, (32, 32, 3), dtype=np.uint8) for n in cfg.camera_names}}
     obs |= {"state": rng.normal(size=cfg.state_dim), "prompt": "reach"}
@@ -157,7 +155,7 @@ def test_a_model_trained_with_rtc_inpaints_with_a_clean_prefix():
 
 
 def test_omni_ros_train_rtc_max_delay_is_recorded_in_the_checkpoint(tmp_path):
-    from omni_ros.policy.checkpoint import load_checkpoint
+    from omni_ros.policy.layouts.omni import load_checkpoint
     from omni_ros.sim.dataset import DatasetMeta
     from omni_ros.train.config import TrainConfig
     from omni_ros.train.data import TileDataset

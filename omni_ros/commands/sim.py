@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -15,8 +16,8 @@ def _sim_config(args: argparse.Namespace) -> Any:
 
 
 def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str | None) -> Any:
-    from omni_ros.config import PolicyConfig
-    from omni_ros.policy.factory import load_policy
+    from omni_ros.backends.factory import load_policy
+    from omni_ros.policy.config import PolicyConfig
 
     config = PolicyConfig(
         checkpoint=checkpoint,
@@ -29,10 +30,10 @@ def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str |
 
 
 def run_collect(args: argparse.Namespace) -> int:
-    from omni_ros.config import to_dict
     from omni_ros.progress import Progress
     from omni_ros.sim.collect import CollectOptions, collect
     from omni_ros.sim.dataset import DatasetMeta, DatasetWriter
+    from omni_ros.typed_config import to_dict
 
     config = _sim_config(args)
     sim = config.sim
@@ -118,16 +119,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _random_like(policy: Any) -> Any:
-    """The same architecture with seeded random weights and the same normalization: the chance baseline."""
-    import torch
+    """The same architecture with seeded random weights and the same normalization: the chance baseline
+    (None for a policy whose architecture is not known here, e.g. a remote one)."""
+    from omni_ros.policy.loading import from_model
+    from omni_ros.policy.pi0.presets import seeded_model
+    from omni_ros.policy.pi0.processing import Pi0Processor
 
-    from omni_ros.policy.model import Pi0Model
-    from omni_ros.policy.torch_policy import TorchPolicy
+    if not isinstance(getattr(policy, "processor", None), Pi0Processor):
+        return None
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1234)
-        model = Pi0Model(policy.cfg)
-    return TorchPolicy(model, policy.norm_stats, device=str(policy.device), name=f"{policy.cfg.name} (random weights)")
+    cfg, stats = policy.processor.cfg, policy.processor.norm_stats
+    return from_model(
+        seeded_model(cfg, 1234), stats, device=str(policy.runner.device), name=f"{cfg.name} (random weights)"
+    )
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -138,15 +142,15 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.checkpoint or args.preset:
         policy = _policy(args, args.checkpoint, args.preset)
     else:
-        from omni_ros.policy.factory import load_policy
+        from omni_ros.backends.factory import load_policy
 
         if args.threads:
             config.policy.num_threads = args.threads
         names = [c.name for c in config.topics.cameras]
         policy = load_policy(config.policy, camera_names=names, state_dim=config.sim.n_joints)
     meta = policy.metadata
-    if args.blending:
-        config.control.blending = args.blending
+    if args.blending:  # replace, not assign: the control config checks itself again (rtc needs latency comp.)
+        config.control = dataclasses.replace(config.control, blending=args.blending)
     from omni_ros.control.executor import check_rtc_support
 
     check_rtc_support(config.control, policy)
@@ -181,8 +185,8 @@ def run_eval(args: argparse.Namespace) -> int:
         video_episodes=args.video_episodes if args.video else 0,
     )
     candidates = [(meta.model, policy)]
-    if args.baseline and hasattr(policy, "cfg"):
-        baseline = _random_like(policy)
+    baseline = _random_like(policy) if args.baseline else None
+    if baseline is not None:
         candidates.append((baseline.metadata.model, baseline))
     report["results"] = []
     for name, p in candidates:
@@ -255,8 +259,3 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     e.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     e.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     e.set_defaults(func=run_eval)
-
-
-def _print_json(data: dict) -> None:
-    json.dump(data, sys.stdout, indent=2)
-    sys.stdout.write("\n")

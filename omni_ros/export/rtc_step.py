@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from omni_ros.export.methods import DenoiseStep, MethodSignature, TensorSpec
-from omni_ros.policy.model import Pi0Model
+from omni_ros.policy.pi0.modeling import Pi0Model
 
 NAME = "guided_step"
 

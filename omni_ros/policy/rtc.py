@@ -38,9 +38,6 @@ import numpy as np
 import torch
 
 from omni_ros.errors import OmniRosError
-from omni_ros.policy.inputs import action_targets
-from omni_ros.policy.model_config import ModelConfig
-from omni_ros.policy.normalize import NormStats
 
 # (x_t (B, H, D), t (B,) or per-token (B, H)) -> velocity (B, H, D); `euler_sample`'s callable, generalized.
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -309,17 +306,40 @@ def rtc_sample(
     return guided_sample(velocity, noise, num_steps, target, weights, beta, guided_step)
 
 
-def model_target(cfg: ModelConfig, norm_stats: NormStats, request: RtcRequest, state: np.ndarray) -> np.ndarray:
-    """The old plan (robot units) in the model's normalized action space for an observation of `state`,
-    cut or zero-padded to the horizon: (1, H, action_dim) float32. Every backend's policy uses this."""
-    h = cfg.action_horizon
-    request.check(h, cfg.action_dim)
-    rows = min(h, len(request.actions))
-    plan = np.zeros((h, cfg.action_dim), dtype=np.float32)
+@dataclass(frozen=True, eq=False)
+class RtcPlan:
+    """What `InferencePipeline` hands a runner's `sample(..., rtc=)`: the request, and its old plan in the
+    model's normalized action space (1, H, D) on the runner's device (None where the runner passes the request
+    on in robot units, e.g. to a remote server)."""
+
+    request: RtcRequest
+    target: torch.Tensor | None
+
+
+def normalized_plan(
+    request: RtcRequest,
+    horizon: int,
+    action_dim: int,
+    width: int,
+    normalize: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """The old plan (robot units) cut or zero-padded to the horizon, through a processor's `normalize`
+    ((H, action_dim) robot units -> (H, action_dim) model units), zero-padded to the model's action `width`:
+    (H, width) float32. Rows past the old plan are 0 (their mask weight is 0 too). Every processor uses this."""
+    request.check(horizon, action_dim)
+    rows = min(horizon, len(request.actions))
+    plan = np.zeros((horizon, action_dim), dtype=np.float32)
     plan[:rows] = request.actions[:rows]
-    target = action_targets(cfg, norm_stats, plan[None], np.asarray(state, dtype=np.float32)[None])
-    target[:, rows:] = 0.0  # no old plan there (its weight is 0 too)
-    return target.astype(np.float32)
+    target = np.zeros((horizon, width), dtype=np.float32)
+    target[:rows, :action_dim] = np.asarray(normalize(plan), dtype=np.float32).reshape(horizon, action_dim)[:rows]
+    return target
+
+
+def per_token_times(t: torch.Tensor, horizon: int, per_token: bool) -> torch.Tensor:
+    """Times (B,) as a program of a training-time-RTC model takes them, (B, H), when `per_token`."""
+    if per_token and t.ndim == 1:
+        return t[:, None].expand(t.shape[0], horizon)
+    return t
 
 
 # ----- training-time RTC (arXiv 2512.05964) -------------------------------------------------------------------

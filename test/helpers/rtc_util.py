@@ -7,13 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from omni_ros.policy.torch_policy import TorchPolicy
+import omni_ros.policy
+from omni_ros.policy.pipeline import InferencePipeline
 from omni_ros.sim.config import SimConfig
 from omni_ros.sim.env import SimEnv
 
 
-def demo_policy(root: Path) -> TorchPolicy:
-    return TorchPolicy.from_checkpoint(root / "checkpoints" / "demo", seed=0)
+def demo_policy(root: Path) -> InferencePipeline:
+    return omni_ros.policy.load(root / "checkpoints" / "demo", seed=0)
 
 
 def two_observations(seed: int, offset: Any, ticks: int) -> tuple[dict, dict]:
