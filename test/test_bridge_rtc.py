@@ -17,10 +17,7 @@ from omni_ros.serving.server import ServerThread
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +93,7 @@ def test_a_policy_without_rtc_says_so_and_refuses_rtc_keys():
             client.infer({**obs, "rtc/prev_actions": np.zeros((4, 3)), "rtc/inference_delay": 1})
         remote = RemotePolicy(server.url)
         assert remote.rtc_methods == ()
-        with pytest.raises(RtcError, match="does not announce"):
+        with pytest.raises(RtcError, match="cannot serve rtc method 'guided'"):
             remote.infer(obs, rtc=RtcRequest(np.zeros((4, 3)), 1))
         remote.close()
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omni_ros.config import ConfigError
+from omni_ros.config import ConfigError, OmniConfig
 from omni_ros.control.config import ControlConfig, RtcConfig
 from omni_ros.control.executor import ActionChunkExecutor, check_rtc_support
+from omni_ros.typed_config import FieldError, from_dict
 
 DT = 0.02  # action spacing
 RATE = 50.0
@@ -155,8 +156,10 @@ def test_a_stop_forgets_what_the_request_in_flight_was_asked():
 
 
 def test_rtc_needs_latency_compensation():
-    with pytest.raises(ValueError, match="latency_compensation"):
-        ActionChunkExecutor(2, ControlConfig(blending="rtc", latency_compensation=False))
+    with pytest.raises(FieldError, match="latency_compensation"):
+        ControlConfig(blending="rtc", latency_compensation=False)
+    with pytest.raises(ConfigError, match=r"control\.rtc\.max_guidance_weight must be >= 0"):
+        from_dict(OmniConfig, {"control": {"rtc": {"max_guidance_weight": -1.0}}}, source="x.yaml")
 
 
 def test_rtc_config_checks_its_ranges():

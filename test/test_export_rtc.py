@@ -10,24 +10,19 @@ import torch
 
 from helpers.pte_cache import ARM, exported_tiny
 from helpers.rtc_util import two_observations
-from omni_ros.backends.executorch_backend import ExecuTorchPolicy
+from omni_ros.backends.executorch_runner import load_pte
 from omni_ros.config import ConfigError
 from omni_ros.control.config import ControlConfig, RtcConfig
 from omni_ros.control.executor import check_rtc_support
 from omni_ros.export.exporter import export_policy
 from omni_ros.export.methods import STAGED
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import preset
+from omni_ros.policy.loading import from_model, from_preset
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pi0.presets import preset
 from omni_ros.policy.rtc import RtcError, RtcRequest
-from omni_ros.policy.torch_policy import TorchPolicy
 
-pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("torch_one_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +41,14 @@ def rtc_program(tmp_path_factory):
     stats = NormStats.identity(3, 3)
     out = tmp_path_factory.mktemp("rtc") / "tiny_rtc.pte"
     export_policy(model, stats, out, methods=(*STAGED, "guided_step"))
-    return ExecuTorchPolicy(out, num_threads=1), TorchPolicy(model, stats)
+    return load_pte(out, num_threads=1), from_model(model, stats)
 
 
 @pytest.mark.slow
 def test_the_guided_step_runs_in_the_program_and_matches_eager(rtc_program, observations):
     program, eager = rtc_program
     first, second = observations
-    assert program.rtc_methods == ("guided", "inpaint")
+    assert program.runner.per_token and program.rtc_methods == ("guided", "inpaint")
     np.testing.assert_allclose(program.infer(second)["actions"], eager.infer(second)["actions"], atol=1e-4)
     plan = eager.infer(first)["actions"][3:] + 0.5  # an old plan the new chunk must bend towards
     request = RtcRequest(plan, inference_delay=3, max_guidance_weight=4.0)
@@ -76,12 +71,16 @@ def test_a_training_time_rtc_program_inpaints_with_a_clean_prefix(rtc_program, o
 def test_without_the_guided_step_a_program_offers_inpainting_only(tmp_path_factory, observations):
     first, second = observations
     # The session's shared tiny program (staged and fused methods, no guided step) and its eager twin.
-    policy = ExecuTorchPolicy(exported_tiny(tmp_path_factory.getbasetemp(), "fp32"), num_threads=1)
-    demo = TorchPolicy.from_preset("tiny", camera_names=["base", "wrist"], **ARM)
+    pte = exported_tiny(tmp_path_factory.getbasetemp(), "fp32")
+    policy = load_pte(pte, num_threads=1)
+    demo = from_preset("tiny", camera_names=["base", "wrist"], **ARM)
     assert policy.rtc_methods == ("inpaint",)
-    assert ExecuTorchPolicy(policy.pte, mode="fused", num_threads=1).rtc_methods == ()
+    fused = load_pte(pte, mode="fused", num_threads=1)
+    assert fused.rtc_methods == ()
     plan = demo.infer(first)["actions"][3:]
-    with pytest.raises(RtcError, match="exported with --rtc"):
+    with pytest.raises(RtcError, match="cannot serve rtc method 'inpaint'"):
+        fused.infer(second, rtc=RtcRequest(plan, inference_delay=3, method="inpaint"))
+    with pytest.raises(RtcError, match="it serves: inpaint"):
         policy.infer(second, rtc=RtcRequest(plan, inference_delay=3))
     with pytest.raises(ConfigError, match="it supports: inpaint"):
         check_rtc_support(ControlConfig(blending="rtc"), policy)
