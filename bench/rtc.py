@@ -35,10 +35,11 @@ import numpy as np
 import torch
 from common import emit, timings_ms
 
+import omni_ros.policy
 from omni_ros.control.config import ControlConfig, RtcConfig
 from omni_ros.control.executor import ActionChunkExecutor, Command
+from omni_ros.policy.pipeline import InferencePipeline
 from omni_ros.policy.rtc import RtcRequest
-from omni_ros.policy.torch_policy import TorchPolicy
 from omni_ros.sim.config import SimConfig
 from omni_ros.sim.env import SimEnv
 from omni_ros.sim.evaluate import HELD_OUT_SEED
@@ -104,7 +105,7 @@ def jerk_samples(rec: Recorder, start: float, tick: float) -> np.ndarray:
 
 
 def run_cell(
-    policy: TorchPolicy, mode: str, latency: float, episodes: int, base: ControlConfig, record: list | None
+    policy: InferencePipeline, mode: str, latency: float, episodes: int, base: ControlConfig, record: list | None
 ) -> dict[str, Any]:
     env = SimEnv(SimConfig())
     control = control_for(mode, base)
@@ -190,10 +191,10 @@ def guidance_cost(policy: Any, pairs: list, repeats: int) -> dict[str, Any]:
     return out
 
 
-def executorch_rtc(policy: TorchPolicy, pte: str, pairs: list, repeats: int, threads: int) -> dict[str, Any]:
-    from omni_ros.backends.executorch_backend import ExecuTorchPolicy
+def executorch_rtc(policy: InferencePipeline, pte: str, pairs: list, repeats: int, threads: int) -> dict[str, Any]:
+    from omni_ros.backends.executorch_runner import load_pte
 
-    program = ExecuTorchPolicy(pte, num_threads=threads, num_steps=policy.num_steps)
+    program = load_pte(pte, num_threads=threads, num_steps=policy.num_steps)
     out: dict[str, Any] = {"pte": Path(pte).name, "rtc_methods": list(program.rtc_methods)}
     for method in program.rtc_methods:
         diffs = []
@@ -226,7 +227,7 @@ def main() -> None:
     parser.add_argument("--out", help="also write the JSON here (e.g. bench/results/rtc.json)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    policy = TorchPolicy.from_checkpoint(args.checkpoint, seed=0, num_steps=args.num_steps)
+    policy = omni_ros.policy.load(args.checkpoint, seed=0, num_steps=args.num_steps)
     base = ControlConfig(
         prefetch_threshold=args.prefetch,
         max_velocity=[],
@@ -237,7 +238,8 @@ def main() -> None:
     report: dict[str, Any] = {
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads},
         "policy": policy.metadata.model,
-        "horizon": policy.cfg.action_horizon,
+        "backend": policy.metadata.backend,
+        "horizon": policy.metadata.action_horizon,
         "action_dt_s": policy.metadata.action_dt,
         "num_steps": policy.num_steps,
         "episodes": args.episodes,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from helpers.bridge_policies import EchoPolicy
