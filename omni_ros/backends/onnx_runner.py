@@ -34,6 +34,7 @@ from omni_ros.export.ort_session import (
 from omni_ros.export.sidecar import OnnxModelError, check_compatible, read_onnx_sidecar
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import InferencePipeline, Sampled
+from omni_ros.policy.rtc import RtcError, RtcPlan, per_token_times, rtc_sample
 from omni_ros.policy.sampler import euler_sample
 
 MODES = ("auto", "staged", "fused")
@@ -99,6 +100,10 @@ class OnnxRunner:
         self._inputs = {m: [i.name for i in s.get_inputs()] for m, s in self._sessions.items()}
         self._kv_names = [o.name for o in self._sessions["prefill"].get_outputs()] if mode == "staged" else []
         self._lock = threading.Lock()
+        # Real-time chunking: hard prefix inpainting around the staged denoise_step (no gradient in a graph).
+        self.rtc_methods: tuple[str, ...] = ("inpaint",) if mode == "staged" else ()
+        # A graph of a training-time-RTC model takes per-token times (B, H).
+        self.per_token = mode == "staged" and len(sidecar.methods["denoise_step"].inputs[3].shape) == 2
         quant = "" if sidecar.quantize == "none" else f"-{sidecar.quantize}"
         self.backend = f"onnxruntime-{providers[0]}{quant}"
 
@@ -107,10 +112,15 @@ class OnnxRunner:
         arrays = {n: np.ascontiguousarray(_numpy(feeds[n])) for n in self._inputs[method]}
         return self._sessions[method].run(None, arrays)
 
-    def sample(self, model_inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None) -> Sampled:
+    def sample(
+        self, model_inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None
+    ) -> Sampled:
         """Normalized actions (1, H, D) and the milliseconds of each stage (embed_prefix, prefill, denoise)."""
         if noise is None or num_steps is None:
             raise ValueError("the ONNX runner needs the sampling noise and the step count")
+        if rtc is not None and (rtc.target is None or rtc.request.method not in self.rtc_methods):
+            offer = ", ".join(self.rtc_methods) or "none (fused graphs)"
+            raise RtcError(f"{self.folder}: rtc method '{rtc.request.method}' is not served here (it serves: {offer})")
         inputs = {f.name: getattr(model_inputs, f.name) for f in fields(model_inputs)}
         with self._lock:  # one session run at a time: callers may share a policy across threads
             if self.mode == "fused":
@@ -136,10 +146,17 @@ class OnnxRunner:
                 "state": inputs["state"],
             }
 
+            horizon, per_token = self.cfg.action_horizon, self.per_token
+
             def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                t = per_token_times(t, horizon, per_token)
                 return torch.from_numpy(self._run("denoise_step", {**feeds, "x_t": x, "t": t})[0])
 
-            actions = euler_sample(velocity, noise, num_steps)
+            if rtc is None:
+                actions = euler_sample(velocity, noise, num_steps)
+            else:
+                clean = self.cfg.rtc_max_delay > 0
+                actions = rtc_sample(velocity, noise, num_steps, rtc.target, rtc.request, clean_prefix=clean)
             stamps.append(time.perf_counter())
         stage_ms = {
             "embed_prefix_ms": (stamps[1] - stamps[0]) * 1e3,
