@@ -177,3 +177,44 @@ def test_counters_stay_exact_under_concurrent_updates():
     assert later.achieved_rate == pytest.approx(2499 * threads / RATE_WINDOW_S)
     counters.chunk(0.5)
     assert counters.health(10.5).consecutive_errors == 0 and counters.health(10.5).last_inference_s == 0.5
+
+
+def test_with_rtc_blending_the_second_inference_continues_the_first_chunk(config, policy):
+    import dataclasses
+
+    from omni_ros.policy.rtc import RtcRequest
+
+    asked: list = []
+
+    class Spy:
+        """The real policy, recording what each inference was asked to continue."""
+
+        metadata, spec, rtc_methods = policy.metadata, policy.spec, policy.rtc_methods
+
+        def infer(self, obs, *, rtc=None):
+            asked.append(rtc)
+            return policy.infer(obs, rtc=rtc)
+
+    cfg = dataclasses.replace(config, control=dataclasses.replace(config.control, blending="rtc", prefetch_threshold=1))
+    r = Run(cfg, Spy())
+    try:
+        r.loop.prompt(String(data="reach the red block"))
+        r.loop.activate()
+        r.send()
+        r.loop.tick()
+        assert r.wait_for(lambda: r.chunks)
+        dt = policy.metadata.action_dt
+        r.clock.t += 2 * dt  # two actions of the first chunk later: the prefetch asks again at once
+        r.send()
+        r.loop.tick()
+        assert r.wait_for(lambda: len(r.chunks) == 2)
+        first, second = asked
+        assert first is None and isinstance(second, RtcRequest)
+        # The plan handed over is the first chunk at the second observation's action times; d comes from
+        # the measured latency of the first chunk.
+        plan = r.chunks[0].actions
+        shift = 2
+        np.testing.assert_allclose(second.actions[: len(plan) - shift], plan[shift:], atol=1e-5)
+        assert second.method == cfg.control.rtc.method and second.inference_delay >= 0
+    finally:
+        r.loop.close()
