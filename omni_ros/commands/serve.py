@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         serve.keymap = args.keymap
     if args.api_key is not None:
         serve.api_key = args.api_key
+    if args.strict_keys is not None:
+        serve.strict_keys = args.strict_keys
     if args.batching is not None:
         serve.batching.enabled = args.batching
     if args.max_batch is not None:
@@ -78,6 +80,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keymap", help="openpi key layout: droid, libero, aloha, canonical, or a YAML path")
     p.add_argument(
         "--api-key", help="require `Authorization: Api-Key KEY` (default: serve.api_key / $OMNI_ROS_API_KEY)"
+    )
+    p.add_argument(
+        "--strict-keys",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="refuse observations with keys the key map does not name (default: skip them with one warning, "
+        "as openpi does; serve.strict_keys)",
     )
     p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None, help="dynamic batching")
     p.add_argument("--max-batch", type=int, help="largest batch when batching")

@@ -35,6 +35,9 @@ class ServeConfig:
     # Key map from openpi observation keys to ours: a name in config/keymaps/
     # (droid, libero, aloha) or a path to a YAML file.
     keymap: str = "droid"
+    # Refuse observations carrying keys the key map does not name. Off by default: like openpi's
+    # transforms, unknown keys are skipped (one warning per connection and key).
+    strict_keys: bool = False
     # Threads running inference; 1 serialises calls into the policy.
     workers: int = 1
     # Keepalive pings; a client that does not answer within the timeout is dropped.

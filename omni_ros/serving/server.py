@@ -12,7 +12,9 @@ Wire protocol (what `openpi_client.WebsocketClientPolicy` expects):
 Unlike openpi's reference server, inference runs on a thread pool, so the event
 loop keeps answering pings, /healthz and other clients during a slow inference;
 concurrent requests can be batched; messages are capped (default 16 MiB, not
-websockets' 1 MiB); an optional API key is checked in constant time.
+websockets' 1 MiB); an optional API key is checked in constant time. Like
+openpi's policy transforms, observation keys the key map does not name are
+skipped (one warning per connection and key) unless `serve.strict_keys` is set.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ logger = logging.getLogger("omni_ros.serve")
 
 # Errors caused by what the client sent, reported without a server traceback.
 CLIENT_ERRORS = (DecodeError, ObservationError)
+# Unknown keys named in warnings per connection; a client inventing keys cannot flood the log.
+MAX_WARNED_KEYS = 32
 
 
 class RequestError(ValueError):
@@ -224,6 +228,7 @@ class PolicyServer:
         logger.info("client %s connected", peer)
         prev_total_ms: float | None = None
         count = 0
+        warned: set[str] = set()
         self._open += 1
         try:
             await conn.send(self._metadata_frame)
@@ -235,7 +240,7 @@ class PolicyServer:
                 start = time.monotonic()
                 self._busy.add(conn)
                 try:
-                    reply = await self._serve_one(conn, message, prev_total_ms)
+                    reply = await self._serve_one(conn, peer, message, prev_total_ms, warned)
                 except ConnectionClosed:
                     raise
                 except Exception as exc:
@@ -262,11 +267,14 @@ class PolicyServer:
             logger.info("client %s disconnected after %d requests", peer, count)
 
     async def _serve_one(
-        self, conn: ServerConnection, message: str | bytes, prev_total_ms: float | None
+        self, conn: ServerConnection, peer: str, message: str | bytes, prev_total_ms: float | None, warned: set[str]
     ) -> bytes | None:
         if isinstance(message, str):
             raise RequestError("expected a binary msgpack frame, got a text frame")
-        raw = self.keymap.to_raw(unpackb(message))
+        ignored: list[str] = []
+        raw = self.keymap.to_raw(unpackb(message), strict=self.config.strict_keys, ignored=ignored)
+        if ignored:
+            self._warn_ignored(peer, ignored, warned)
         start = time.monotonic()
         inference = asyncio.ensure_future(self._infer(raw))
         closed = asyncio.ensure_future(conn.wait_closed())
@@ -291,6 +299,24 @@ class PolicyServer:
         reply.setdefault("policy_timing", {"infer_ms": info.infer_ms if info is not None else infer_ms})
         reply["server_timing"] = server_timing
         return packb(reply)
+
+    def _warn_ignored(self, peer: str, ignored: list[str], warned: set[str]) -> None:
+        """One warning per connection and unknown key (at most MAX_WARNED_KEYS of them)."""
+        for key in ignored:
+            if key in warned or len(warned) > MAX_WARNED_KEYS:
+                continue
+            warned.add(key)
+            if len(warned) > MAX_WARNED_KEYS:
+                logger.warning("client %s: more unknown observation keys; not naming them", peer)
+                continue
+            shown = key if len(key) <= 120 else key[:117] + "..."
+            logger.warning(
+                "client %s: ignoring observation key '%s', which key map '%s' does not read "
+                "(serve.strict_keys: true refuses such requests)",
+                peer,
+                shown,
+                self.keymap.name,
+            )
 
     async def _infer(self, raw: dict[str, Any]) -> tuple[dict[str, Any], BatchInfo | None]:
         if self._batcher is not None:
