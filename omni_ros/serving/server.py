@@ -148,7 +148,7 @@ class PolicyServer:
                 self._executor,
                 batching.max_batch,
                 batching.max_wait_ms,
-                idle_clients=lambda: self._open - len(self._busy),
+                clients=lambda: self._open,
             )
             self._batcher.start()
         self._server = await serve(
