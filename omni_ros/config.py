@@ -143,6 +143,12 @@ def load_config(path: str | os.PathLike | None = None, cls: type[T] = OmniConfig
         policy.checkpoint = str((path.parent / policy.checkpoint).resolve())
     if isinstance(policy, PolicyConfig) and policy.pte and not Path(policy.pte).is_absolute():
         policy.pte = str((path.parent / policy.pte).resolve())
+    serve = getattr(config, "serve", None)
+    if isinstance(serve, ServeConfig):
+        for key in ("tls_cert", "tls_key"):
+            value = getattr(serve, key)
+            if value and not Path(value).is_absolute():
+                setattr(serve, key, str((path.parent / value).resolve()))
     return config
 
 

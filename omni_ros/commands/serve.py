@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
         serve.api_key = args.api_key
     if args.strict_keys is not None:
         serve.strict_keys = args.strict_keys
+    if args.tls_cert is not None:
+        serve.tls_cert = args.tls_cert
+    if args.tls_key is not None:
+        serve.tls_key = args.tls_key
     if args.batching is not None:
         serve.batching.enabled = args.batching
     if args.max_batch is not None:
@@ -58,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         await server.start()
-        print(f"omni-ros serve: listening on {server.url} (health: http://{serve.host}:{server.port}/healthz)")
+        http = "https" if server.url.startswith("wss") else "http"
+        print(f"omni-ros serve: listening on {server.url} (health: {http}://{serve.host}:{server.port}/healthz)")
         print(json.dumps(server.metadata, indent=2, default=str))
         sys.stdout.flush()
         await server.serve_forever()
@@ -81,6 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--api-key", help="require `Authorization: Api-Key KEY` (default: serve.api_key / $OMNI_ROS_API_KEY)"
     )
+    p.add_argument("--tls-cert", metavar="PEM", help="serve wss:// with this certificate chain (serve.tls_cert)")
+    p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert (serve.tls_key)")
     p.add_argument(
         "--strict-keys",
         action=argparse.BooleanOptionalAction,

@@ -38,6 +38,10 @@ class ServeConfig:
     # Refuse observations carrying keys the key map does not name. Off by default: like openpi's
     # transforms, unknown keys are skipped (one warning per connection and key).
     strict_keys: bool = False
+    # Serve wss:// (TLS) with this PEM certificate chain and private key; both or neither. Relative
+    # paths are resolved against the config file's directory.
+    tls_cert: str | None = None
+    tls_key: str | None = None
     # Threads running inference; 1 serialises calls into the policy.
     workers: int = 1
     # Keepalive pings; a client that does not answer within the timeout is dropped.

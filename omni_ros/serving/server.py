@@ -12,9 +12,10 @@ Wire protocol (what `openpi_client.WebsocketClientPolicy` expects):
 Unlike openpi's reference server, inference runs on a thread pool, so the event
 loop keeps answering pings, /healthz and other clients during a slow inference;
 concurrent requests can be batched; messages are capped (default 16 MiB, not
-websockets' 1 MiB); an optional API key is checked in constant time. Like
-openpi's policy transforms, observation keys the key map does not name are
-skipped (one warning per connection and key) unless `serve.strict_keys` is set.
+websockets' 1 MiB); an optional API key is checked in constant time; with a
+certificate and key configured it serves wss:// (TLS). Like openpi's policy
+transforms, observation keys the key map does not name are skipped (one warning
+per connection and key) unless `serve.strict_keys` is set.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import http
+import ipaddress
 import logging
 import os
 import signal
+import ssl
 import threading
 import time
 import traceback
@@ -66,6 +69,37 @@ def resolve_api_key(config: ServeConfig) -> str | None:
     return None
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server on this machine ("" and 0.0.0.0 mean every interface)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it resolves to whatever the network says
+        return False
+
+
+def server_ssl_context(config: ServeConfig) -> ssl.SSLContext | None:
+    """The TLS context for wss:// from `tls_cert` / `tls_key`, or None for plain ws://."""
+    if not config.tls_cert and not config.tls_key:
+        return None
+    if not (config.tls_cert and config.tls_key):
+        missing = "serve.tls_key" if config.tls_cert else "serve.tls_cert"
+        raise ConfigError(f"{missing}: wss:// needs both serve.tls_cert and serve.tls_key (PEM files)")
+    for key, path in (("serve.tls_cert", config.tls_cert), ("serve.tls_key", config.tls_key)):
+        if not os.path.isfile(path):
+            raise ConfigError(f"{key}: file not found: {path}")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"serve.tls_cert / serve.tls_key: cannot load {config.tls_cert} with {config.tls_key}: {exc}"
+        ) from exc
+    return context
+
+
 def check_compatible(policy: Policy, keymap: KeyMap) -> None:
     """Fail at start-up, not per request, when the key map cannot feed this policy."""
     spec = policy.spec
@@ -105,6 +139,7 @@ class PolicyServer:
         if self.config.max_message_bytes < 1024:
             raise ConfigError(f"serve.max_message_bytes: must be >= 1024, got {self.config.max_message_bytes}")
         self._api_key = resolve_api_key(self.config)
+        self._ssl = server_ssl_context(self.config)
         batching = self.config.batching
         self.metadata: dict[str, Any] = {
             **policy.metadata.to_dict(),
@@ -129,7 +164,7 @@ class PolicyServer:
 
     @property
     def url(self) -> str:
-        return f"ws://{self.config.host}:{self.port}"
+        return f"{'wss' if self._ssl is not None else 'ws'}://{self.config.host}:{self.port}"
 
     @property
     def batcher(self) -> Batcher | None:
@@ -156,6 +191,7 @@ class PolicyServer:
             self.config.host,
             self.config.port,
             process_request=self._process_request,
+            ssl=self._ssl,
             compression=None,
             max_size=self.config.max_message_bytes,
             ping_interval=self.config.ping_interval_s or None,
@@ -163,8 +199,27 @@ class PolicyServer:
         )
         self.port = self._server.sockets[0].getsockname()[1]
         logger.info("serving %s on %s", self.metadata.get("model"), self.url)
-        if self._api_key is None and self.config.host not in ("127.0.0.1", "localhost", "::1"):
-            logger.warning("listening on %s without an API key: anyone who can reach it can drive the policy", self.url)
+        self._warn_if_exposed()
+
+    def _warn_if_exposed(self) -> None:
+        if is_loopback(self.config.host):
+            return
+        if self._api_key is None:
+            bar = "!" * 100
+            logger.warning(
+                "\n%s\n!! %s listens on a non-loopback address WITHOUT AN API KEY: anyone who can reach this port "
+                "can drive the robot's policy.\n!! Set serve.api_key (or $%s, or --api-key), or bind 127.0.0.1.\n%s",
+                bar,
+                self.url,
+                self.config.api_key_env or "OMNI_ROS_API_KEY",
+                bar,
+            )
+        elif self._ssl is None:
+            logger.warning(
+                "%s: the API key travels in clear text over ws:// on a non-loopback address; "
+                "set serve.tls_cert and serve.tls_key for wss://",
+                self.url,
+            )
 
     async def stop(self) -> None:
         """Graceful shutdown: stop accepting, let in-flight requests finish, close with 1001."""
