@@ -7,7 +7,9 @@ expert's chunks go through the real `ActionChunkExecutor`, as in `omni_ros.sim.r
 is mapped onto a fixed epoch, so the same seed always writes the same bag.
 
 Episodes follow each other with `gap_s` of silence; the episode list (seed, target, prompt, success,
-start time) is stored in the bag's metadata as custom data `omni_ros.episodes` (JSON).
+start time) is stored in the bag's metadata as custom data `omni_ros.episodes` (JSON), and the config it ran,
+with an `eval:` section that replays this bag (topics and episode markers), as `omni_ros.config`
+(omni_ros/eval/recorded.py), so `omni-ros eval BAG` needs no other config.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from omni_ros.config import OmniConfig
 from omni_ros.control.executor import ActionChunkExecutor
 from omni_ros.eval.bagwrite import BagWriter
+from omni_ros.eval.recorded import CONFIG_KEY, config_json, recording_eval_config
 from omni_ros.sim.collect import CollectOptions, make_expert
 from omni_ros.sim.env import SimEnv
 from omni_ros.sim.rollout import expert_policy
@@ -126,4 +129,6 @@ def record_sim(
                 progress(k, episode)
             base += env.time + gap_s
         bag.set_custom_data("omni_ros.episodes", json.dumps([e.to_dict() for e in recorded]))
+        replay = recording_eval_config(config, cam_topics, sim.joint_state_topic, sim.prompt_topic, gap_s)
+        bag.set_custom_data(CONFIG_KEY, config_json(config, replay))
     return recorded
