@@ -32,16 +32,18 @@ def pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 3) if values else float("nan")
 
 
-def run_case(preset: str, mode: str, seconds: float, warmup: float) -> dict:
+def run_case(preset: str, mode: str, seconds: float, warmup: float, policy: str | None = None) -> dict:
+    """One sim + policy node pair; `policy` replaces the `policy:` section (YAML flow mapping) when given."""
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from trajectory_msgs.msg import JointTrajectory
 
     from omni_ros.msg import ActionChunk
 
+    policy = policy or f"{{preset: {preset}, num_threads: 1}}"
     config = f"""
 name: bench
-policy: {{preset: {preset}, num_threads: 1}}
+policy: {policy}
 robot: {{joint_names: [joint_1, joint_2, joint_3], control_rate_hz: 50.0, dry_run: false}}
 control: {{blending: {mode}}}
 sim: {{camera_rate_hz: 30.0, auto_reset_s: 0.0}}

@@ -54,8 +54,11 @@ class PolicyConfig:
     num_steps: int | None = None
     # Seed of the sampling noise; null draws fresh noise every call.
     seed: int | None = 0
-    # torch intra-op threads; 0 keeps torch's default.
+    # torch intra-op threads; 0 keeps torch's default (one per core). Set before torch starts its pool.
     num_threads: int = 0
+    # How torch's idle OpenMP workers wait: passive (sleep; steady on a shared CPU), active (spin), runtime
+    # (the OpenMP default); null keeps $OMP_WAIT_POLICY, else passive. See omni_ros/cpu_threads.py.
+    omp_wait_policy: Literal["passive", "active", "runtime"] | None = None
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from omni_ros import cpu_threads
 from omni_ros.config import CONFIG_DIR, OmniConfig, load_config
 
 
@@ -22,4 +23,6 @@ def config_from_args(args: argparse.Namespace) -> OmniConfig:
     if sim:
         # The simulated robot is safe to drive, whatever the file says.
         config.robot.dry_run = False
+    # Every command reads its config before it imports torch: the thread settings take effect here.
+    cpu_threads.configure(config.policy)
     return config

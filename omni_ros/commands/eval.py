@@ -18,6 +18,9 @@ def _config(args: argparse.Namespace):
     recorded = recorded_config(args.bags)
     if recorded is not None and args.config is None and not args.sim:
         print(f"omni-ros eval: using the {recorded.describe()}", file=sys.stderr)
+        from omni_ros import cpu_threads
+
+        cpu_threads.configure(recorded.config.policy)
         return recorded.config
     config = config_from_args(args)
     if recorded is not None and apply_recorded_markers(config, recorded):

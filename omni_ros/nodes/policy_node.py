@@ -464,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.sim:
         config.robot.dry_run = False
+    from omni_ros import cpu_threads
 
+    cpu_threads.configure(config.policy)
     default_to_localhost()
     import rclpy
 
