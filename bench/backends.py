@@ -60,86 +60,63 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     result: dict[str, Any] = {}
     if args.worker == "eager":
-        from omni_ros.policy.inputs import model_inputs
-        from omni_ros.policy.torch_policy import TorchPolicy
+        from omni_ros.policy.loading import from_preset
 
-        policy = TorchPolicy.from_preset(args.preset)
+        policy = from_preset(args.preset)
         obs = observation(policy.metadata.camera_names, policy.metadata.state_dim)
         first = policy.infer(obs)
         result["cold_start_ms"] = round((time.perf_counter() - start) * 1e3, 1)
-        model = policy.model
-        inputs = model_inputs(policy.cfg, policy.tokenizer, policy.norm_stats, [_parse(policy, obs)])
-        noise = policy._noise(1)
+        model = policy.runner.model
+        inputs = policy.processor.inputs([policy.processor.parse(obs)])
+        noise = policy.draw_noise(1)
         with torch.inference_mode():
-            prefix, mask = model.embed_prefix(
-                inputs["images"], inputs["image_masks"], inputs["tokens"], inputs["token_mask"]
-            )
+            prefix, mask = model.embed_prefix(inputs)
             cache = model.prefill(prefix, mask)
             t = torch.full((1,), 0.5)
             result["methods_ms"] = {
                 "encode_images": median_ms(
-                    lambda: model.encode_images(inputs["images"], inputs["tokens"], inputs["token_mask"]), args.runs
+                    lambda: model.encode_images(inputs.images, inputs.tokens, inputs.token_mask), args.runs
                 ),
                 "prefill": median_ms(lambda: model.prefill(prefix, mask), args.runs),
                 "denoise_step": median_ms(
-                    lambda: model.denoise_step(cache, mask, inputs["state"], noise, t), args.runs * 3
+                    lambda: model.denoise_step(cache, mask, inputs.state, noise, t), args.runs * 3
                 ),
             }
         e2e = median_ms(lambda: policy.infer(obs), args.runs)
         result["end_to_end_ms"] = {"staged": e2e}
     else:
-        from omni_ros.backends.executorch_backend import ExecuTorchPolicy
+        from omni_ros.backends.executorch_runner import load_pte
+        from omni_ros.export.methods import prefix_mask_of
 
-        policy = ExecuTorchPolicy(args.pte, num_threads=args.threads[0], mode="staged")
+        policy = load_pte(args.pte, num_threads=args.threads[0], mode="staged")
         obs = observation(policy.metadata.camera_names, policy.metadata.state_dim)
         first = policy.infer(obs)
         result["cold_start_ms"] = round((time.perf_counter() - start) * 1e3, 1)
-        from omni_ros.policy.inputs import model_inputs
-
-        inputs = model_inputs(policy.cfg, policy.tokenizer, policy.norm_stats, [_parse(policy, obs)])
-        image_tokens = policy._run("encode_images", policy.encode_inputs(inputs))[0].clone()
-        args_prefill = [image_tokens, inputs["image_masks"], inputs["tokens"], inputs["token_mask"]]
-        cache = [c.clone() for c in policy._run("prefill", args_prefill)]
-        from omni_ros.export.methods import prefix_mask_of
-
-        pmask = prefix_mask_of(inputs["image_masks"], inputs["token_mask"], policy.cfg.vision.num_tokens)
-        x, t = policy._noise(), torch.full((1,), 0.5)
+        runner, cfg = policy.runner, policy.processor.cfg
+        inputs = policy.processor.inputs([policy.processor.parse(obs)])
+        image_tokens = runner._run("encode_images", runner.encode_inputs(inputs))[0].clone()
+        args_prefill = [image_tokens, inputs.image_masks, inputs.tokens, inputs.token_mask]
+        cache = [c.clone() for c in runner._run("prefill", args_prefill)]
+        pmask = prefix_mask_of(inputs.image_masks, inputs.token_mask, cfg.vision.num_tokens)
+        x, t = policy.draw_noise(1), torch.full((1,), 0.5)
         result["methods_ms"] = {
-            "encode_images": median_ms(lambda: policy._run("encode_images", policy.encode_inputs(inputs)), args.runs),
-            "prefill": median_ms(lambda: policy._run("prefill", args_prefill), args.runs),
+            "encode_images": median_ms(lambda: runner._run("encode_images", runner.encode_inputs(inputs)), args.runs),
+            "prefill": median_ms(lambda: runner._run("prefill", args_prefill), args.runs),
             "denoise_step": median_ms(
-                lambda: policy._run("denoise_step", [pmask, inputs["state"], x, t, *cache]), args.runs * 3
+                lambda: runner._run("denoise_step", [pmask, inputs.state, x, t, *cache]), args.runs * 3
             ),
         }
         staged = median_ms(lambda: policy.infer(obs), args.runs)
         policy.close()
-        fused = ExecuTorchPolicy(args.pte, num_threads=args.threads[0], mode="fused")
+        fused = load_pte(args.pte, num_threads=args.threads[0], mode="fused")
         fused_actions = fused.infer(obs)["actions"]
         result["fused_matches_staged_max_abs"] = float(np.abs(fused_actions - first["actions"]).max())
         result["end_to_end_ms"] = {"staged": staged, "fused": median_ms(lambda: fused.infer(obs), args.runs)}
-        result["methods_ms"]["sample"] = median_ms(
-            lambda: fused._run(
-                "sample",
-                [
-                    inputs["images"],
-                    inputs["image_masks"],
-                    inputs["tokens"],
-                    inputs["token_mask"],
-                    inputs["state"],
-                    fused._noise(),
-                ],
-            ),
-            args.runs,
-        )
+        sample_args = [*inputs.as_tuple(), fused.draw_noise(1)]
+        result["methods_ms"]["sample"] = median_ms(lambda: fused.runner._run("sample", sample_args), args.runs)
     result["peak_rss_mb"] = peak_rss_mb()
     result["actions"] = first["actions"].tolist()
     return result
-
-
-def _parse(policy, obs):
-    from omni_ros.observation import make_observation
-
-    return make_observation(policy.spec, obs)
 
 
 def run_worker(kind: str, args: argparse.Namespace, threads: int, pte: Path | None = None) -> dict[str, Any]:
@@ -155,7 +132,7 @@ def compare(results: dict[str, Any]) -> dict[str, Any]:
     """Speedups over eager and the accuracy cost against eager fp32 (same weights, same noise)."""
     eager_actions = np.asarray(results["eager"].pop("actions"))
     eager = results["eager"]
-    for variant in RECIPES:
+    for variant in (name for name in results if name != "eager"):
         r = results[variant]
         actions = np.asarray(r.pop("actions"))
         diff = np.abs(actions - eager_actions)

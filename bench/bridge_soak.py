@@ -2,7 +2,7 @@
 
     nice -n 10 .venv/bin/python bench/bridge_soak.py [--clients 16] [--seconds 60] [--preset tiny] [--out FILE]
 
-The server (`omni-ros serve`'s PolicyServer, DROID key map, the `tiny` TorchPolicy with a fixed sampling seed)
+The server (`omni-ros serve`'s PolicyServer, DROID key map, the `tiny` torch policy with a fixed sampling seed)
 runs in its own process on 127.0.0.1. In this process, `clients` threads each drive an unmodified
 `openpi_client.WebsocketClientPolicy` with one fixed observation of their own, over and over; a fuzzer thread
 opens other connections and sends, round after round: truncated msgpack, random bytes, random msgpack values,
@@ -60,8 +60,8 @@ def _server_main(preset: str, pipe, stop) -> None:
     logging.getLogger("omni_ros").propagate = False
     logging.getLogger("websockets").setLevel(logging.CRITICAL)
 
+    from omni_ros.backends.factory import load_policy
     from omni_ros.config import PolicyConfig
-    from omni_ros.policy.factory import load_policy
     from omni_ros.serving.config import ServeConfig
     from omni_ros.serving.keymap import load_keymap
     from omni_ros.serving.server import ServerThread
@@ -349,7 +349,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--preset", default="tiny", help="TorchPolicy preset served (random weights, seed 0)")
+    parser.add_argument("--preset", default="tiny", help="torch preset served (random weights, seed 0)")
     parser.add_argument("--out")
     args = parser.parse_args()
 
@@ -390,7 +390,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
         "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "seconds": args.seconds,
-        "policy": f"{args.preset} TorchPolicy, DROID key map, seed 0, 1 torch thread",
+        "policy": f"{args.preset} torch policy, DROID key map, seed 0, 1 torch thread",
         "clients": {
             "count": args.clients,
             "requests": sum(s.requests for s in stats),

@@ -66,8 +66,8 @@ def summary(samples: list[float]) -> dict:
 
 
 def load_model(model: str):
+    from omni_ros.backends.factory import load_policy
     from omni_ros.config import PolicyConfig
-    from omni_ros.policy.factory import load_policy
 
     if model == "demo":
         return load_policy(PolicyConfig(checkpoint=str(DEMO))), 224

@@ -23,10 +23,10 @@ import torch
 from common import emit, median_ms
 
 from omni_ros.observation import Observation
-from omni_ros.policy.model import Pi0Model, count_parameters
-from omni_ros.policy.model_config import preset
+from omni_ros.policy.loading import from_preset
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.torch_policy import TorchPolicy
+from omni_ros.policy.pi0.modeling import Pi0Model, count_parameters
+from omni_ros.policy.pi0.presets import preset
 from omni_ros.policy.train import Trainer
 
 
@@ -54,7 +54,7 @@ def step_ms(threads: int, flush: bool, steps: int, batch: int) -> float:
 
 def infer_ms(runs: int) -> float:
     torch.set_num_threads(1)
-    policy = TorchPolicy.from_preset("demo")
+    policy = from_preset("demo")
     rng = np.random.default_rng(0)
     obs = {
         "images": {c: rng.integers(0, 255, (224, 224, 3), dtype=np.uint8) for c in ("base", "wrist")},

@@ -27,14 +27,14 @@ from common import emit
 
 from omni_ros.eval.replay import Replayer
 from omni_ros.eval.synthetic import SyntheticSpec, write_synthetic_bag
-from omni_ros.policy.torch_policy import TorchPolicy
+from omni_ros.policy.loading import from_preset
 
 
 def bench_preset(name: str, bag: Path, spec: SyntheticSpec, every: int) -> dict:
     config = spec.config(every_k_frames=every)
     cams = list(spec.cameras)
     dims = len(spec.joint_names)
-    policy = TorchPolicy.from_preset(name, camera_names=cams, state_dim=dims, action_dim=dims)
+    policy = from_preset(name, camera_names=cams, state_dim=dims, action_dim=dims)
     # One call first: the replay measures steady-state inference, not lazy initialisation.
     warm = Replayer(config, policy)
     warm.policy.infer({"images": {c: spec_frame(spec) for c in cams}, "state": spec.state(0.0), "prompt": spec.prompt})

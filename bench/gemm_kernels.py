@@ -32,7 +32,7 @@ VARIANTS = {"xnnpack_fp32": "none", "xnnpack_int8": "int8-dynamic"}
 
 def stage_shapes(preset_name: str) -> dict[str, dict[str, Any]]:
     """Per stage: rows (tokens in one inference) and the (in, out) features of every linear, in order."""
-    from omni_ros.policy.model_config import preset
+    from omni_ros.policy.pi0.presets import preset
 
     cfg = preset(preset_name)
     v, b, e = cfg.vision, cfg.backbone, cfg.expert
@@ -154,7 +154,7 @@ def main() -> int:
             row["eager_gflops"] = round(flops[name] / row["eager_ms"] / 1e6, 1)
             report["stages"][name] = row
     # Time-weighted over one inference: vision + prefill once, denoise_step num_steps times.
-    from omni_ros.policy.model_config import preset
+    from omni_ros.policy.pi0.presets import preset
 
     steps = preset(args.preset).num_steps
     weights = {"vision": 1, "prefill": 1, "denoise_step": steps}

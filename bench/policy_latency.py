@@ -25,8 +25,9 @@ import numpy as np
 import torch
 from common import emit, timings_ms
 
-from omni_ros.policy.model import count_parameters
-from omni_ros.policy.torch_policy import TorchPolicy
+from omni_ros.policy.loading import from_preset
+from omni_ros.policy.pi0.modeling import count_parameters
+from omni_ros.policy.pipeline import InferencePipeline
 
 
 def measure(fn: Callable[[], object], runs: int, warmup: int) -> dict[str, float]:
@@ -39,7 +40,7 @@ def measure(fn: Callable[[], object], runs: int, warmup: int) -> dict[str, float
     }
 
 
-def observation(policy: TorchPolicy, cameras: int) -> dict:
+def observation(policy: InferencePipeline, cameras: int) -> dict:
     rng = np.random.default_rng(0)
     names = policy.metadata.camera_names[:cameras]
     return {
@@ -54,43 +55,31 @@ def bench_preset(name: str, runs: int, warmup: int) -> dict:
     for cameras in (1, 2):
         # A model configured for exactly the cameras it gets: masked camera slots still cost compute.
         names = ["base", "wrist"][:cameras]
-        policy = TorchPolicy.from_preset(name, camera_names=names, seed=0)
+        policy = from_preset(name, camera_names=names, seed=0)
         obs = observation(policy, cameras)
         result[f"infer_{cameras}cam"] = measure(lambda p=policy, o=obs: p.infer(o), runs, warmup)
         if cameras == 2:
             break
-        result["parameters_1cam"] = count_parameters(policy.model)["total"]
+        result["parameters_1cam"] = count_parameters(policy.runner.model)["total"]
 
     # Stages and cache comparison on the 2-camera model.
-    model, cfg = policy.model, policy.cfg
-    from omni_ros.observation import make_observation
-    from omni_ros.policy.inputs import model_inputs
-
-    parsed = [make_observation(policy.spec, obs)]
-    inputs = model_inputs(cfg, policy.tokenizer, policy.norm_stats, parsed)
+    model, processor = policy.runner.model, policy.processor
+    cfg = processor.cfg
+    inputs = processor.inputs([processor.parse(obs)])
     noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(0))
-    one_tile = inputs["images"][:, 0]
+    one_tile = inputs.images[:, 0]
     with torch.inference_mode():
-        prefix, mask = model.embed_prefix(
-            inputs["images"], inputs["image_masks"], inputs["tokens"], inputs["token_mask"]
-        )
+        prefix, mask = model.embed_prefix(inputs)
         cache = model.prefill(prefix, mask)
         t = torch.full((1,), 0.5)
         result["vision_per_camera"] = measure(lambda: model.vision(one_tile), runs, warmup)
         result["prefix_forward"] = measure(lambda: model.prefill(prefix, mask), runs, warmup)
-        result["denoise_step"] = measure(
-            lambda: model.denoise_step(cache, mask, inputs["state"], noise, t), runs, warmup
-        )
-        sample_args = {k: inputs[k] for k in ("images", "image_masks", "tokens", "token_mask", "state")}
+        result["denoise_step"] = measure(lambda: model.denoise_step(cache, mask, inputs.state, noise, t), runs, warmup)
         steps = 10
-        cached = measure(
-            lambda: model.sample(**sample_args, noise=noise, num_steps=steps, use_cache=True), runs, warmup
-        )
-        recompute = measure(
-            lambda: model.sample(**sample_args, noise=noise, num_steps=steps, use_cache=False), runs, warmup
-        )
-        a = model.sample(**sample_args, noise=noise, num_steps=steps, use_cache=True)
-        b = model.sample(**sample_args, noise=noise, num_steps=steps, use_cache=False)
+        cached = measure(lambda: model.sample(inputs, noise, num_steps=steps, use_cache=True), runs, warmup)
+        recompute = measure(lambda: model.sample(inputs, noise, num_steps=steps, use_cache=False), runs, warmup)
+        a = model.sample(inputs, noise, num_steps=steps, use_cache=True)
+        b = model.sample(inputs, noise, num_steps=steps, use_cache=False)
     result["sample_10_steps_cached"] = cached
     result["sample_10_steps_recompute"] = recompute
     result["recompute_over_cached"] = round(recompute["median_ms"] / cached["median_ms"], 2)

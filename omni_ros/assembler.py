@@ -7,8 +7,11 @@ staleness rules:
     assembler.add_image("base", rgb_hwc_uint8, stamp)
     assembler.add_joint_state(names, positions, stamp)
     assembler.add_prompt("reach the red block", stamp)
-    obs = assembler.assemble(now)   # raises StaleInput(reason) when unsafe to act on
+    obs = assembler.assemble(now)   # raises StaleInput(problem) when unsafe to act on
+    problem = assembler.check(now)  # the same question without raising: a Problem or None
 
+Why no observation can be made is data (`Problem`), so callers group, match
+and extend it without parsing text; `str(problem)` is the sentence for people.
 Times are seconds on one clock. Frames older than the one already held
 (out-of-order delivery) are dropped and counted.
 """
@@ -19,15 +22,68 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from omni_ros.errors import OmniRosError
 
+ProblemKind = Literal["no_frame", "stale", "invalid", "no_state", "no_prompt"]
+STATE = "state"
+PROMPT = "prompt"
+_CAMERA = "camera/"
+
+
+def camera_source(name: str) -> str:
+    """The `Problem.source` (and `Assembled.input_stamps` key) of camera `name`."""
+    return _CAMERA + name
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why no observation can be made: what is wrong (`kind`), with which input (`source`), and the specifics.
+
+    `source` is "camera/<name>", "state" or "prompt" (the keys of `Assembled.input_stamps`); `detail` holds the
+    measurement or specifics ("0.62 s old > 0.5 s", "lacks joints ['j2']").
+    """
+
+    kind: ProblemKind
+    source: str
+    detail: str = ""
+
+    @property
+    def camera(self) -> str | None:
+        """The camera this problem is about, if any."""
+        return self.source[len(_CAMERA) :] if self.source.startswith(_CAMERA) else None
+
+    @property
+    def summary(self) -> str:
+        """The problem without its measurements, so equal problems group: "camera 'base' is stale"."""
+        return f"{self._subject()} is stale" if self.kind == "stale" else str(self)
+
+    def _subject(self) -> str:
+        camera = self.camera
+        if camera is not None:
+            return f"camera '{camera}'"
+        return "joint state" if self.source == STATE else self.source
+
+    def __str__(self) -> str:
+        subject = self._subject()
+        if self.kind == "no_frame":
+            return f"no frame yet from {subject}"
+        if self.kind in ("no_state", "no_prompt"):
+            return f"no {subject} yet"
+        if self.kind == "stale":
+            return f"{subject} is stale" + (f" ({self.detail})" if self.detail else "")
+        return f"{subject} {self.detail}"
+
 
 class StaleInput(OmniRosError):
     """An input is missing, too old or invalid; no observation (and no command) now."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
 
 
 @dataclass
@@ -67,7 +123,7 @@ class ObservationAssembler:
         self._lock = threading.Lock()
         self._images: dict[str, tuple[np.ndarray, float]] = {}
         self._state: tuple[np.ndarray, float] | None = None
-        self._state_problem = ""
+        self._state_problem: Problem | None = None
         self._prompt: tuple[str, float] | None = (default_prompt, -math.inf) if default_prompt else None
         self._default_prompt = default_prompt
 
@@ -93,21 +149,21 @@ class ObservationAssembler:
                 self.stats.dropped_out_of_order += 1
                 return False
             if missing:
-                self._state_problem = f"joint state lacks joints {missing}"
+                detail = f"lacks joints {missing}"
             elif len(positions) < len(names):
-                self._state_problem = f"joint state has {len(names)} names but {len(positions)} positions"
+                detail = f"has {len(names)} names but {len(positions)} positions"
             else:
                 q = np.array([positions[index[n]] for n in self.joint_names], dtype=np.float32)
                 bad = [self.joint_names[i] for i in np.flatnonzero(~np.isfinite(q))]
-                if bad:
-                    self._state_problem = f"joint state has non-finite positions for {bad}"
-                else:
-                    self._state_problem = ""
+                if not bad:
+                    self._state_problem = None
                     self._state = (q, stamp)
                     self.stats.joint_states += 1
                     return True
+                detail = f"has non-finite positions for {bad}"
+            self._state_problem = Problem("invalid", STATE, detail)
             self.stats.rejected += 1
-            self.stats.last_reject_reason = self._state_problem
+            self.stats.last_reject_reason = str(self._state_problem)
             return False
 
     def add_prompt(self, text: str, stamp: float) -> None:
@@ -119,42 +175,44 @@ class ObservationAssembler:
         with self._lock:
             return None if self._state is None else self._state[0].copy()
 
-    def check(self, now: float) -> str:
-        """Why no observation can be made at `now` ('' when one can)."""
+    def check(self, now: float) -> Problem | None:
+        """Why no observation can be made at `now` (None when one can)."""
         with self._lock:
             return self._problem(now)
 
     def assemble(self, now: float) -> Assembled:
         with self._lock:
             problem = self._problem(now)
-            if problem:
+            if problem is not None:
                 raise StaleInput(problem)
+            held_state, held_prompt = self._state, self._prompt
+            assert held_state is not None and held_prompt is not None  # no problem: both are held
             images = {name: self._images[name][0] for name in self.camera_names}
-            stamps = {f"camera/{name}": self._images[name][1] for name in self.camera_names}
-            stamps["state"] = self._state[1]
-            prompt = self._prompt[0]
-            state = self._state[0].copy()
+            stamps = {camera_source(name): self._images[name][1] for name in self.camera_names}
+            stamps[STATE] = held_state[1]
+            prompt = held_prompt[0]
+            state = held_state[0].copy()
         return Assembled({"images": images, "state": state, "prompt": prompt}, min(stamps.values()), stamps)
 
-    def _problem(self, now: float) -> str:
+    def _problem(self, now: float) -> Problem | None:
         for name in self.camera_names:
             if name not in self._images:
-                return f"no frame yet from camera '{name}'"
+                return Problem("no_frame", camera_source(name))
             age = now - self._images[name][1]
             if age > self.camera_stale_s:
-                return f"camera '{name}' is stale ({age:.2f} s old > {self.camera_stale_s} s)"
-        if self._state_problem:
+                return Problem("stale", camera_source(name), f"{age:.2f} s old > {self.camera_stale_s} s")
+        if self._state_problem is not None:
             return self._state_problem
         if self._state is None:
-            return "no joint state yet"
+            return Problem("no_state", STATE)
         age = now - self._state[1]
         if age > self.state_stale_s:
-            return f"joint state is stale ({age:.2f} s old > {self.state_stale_s} s)"
+            return Problem("stale", STATE, f"{age:.2f} s old > {self.state_stale_s} s")
         if self._prompt is None:
-            return "no prompt yet"
+            return Problem("no_prompt", PROMPT)
         if self.prompt_stale_s is not None and now - self._prompt[1] > self.prompt_stale_s:
-            return f"prompt is stale (> {self.prompt_stale_s} s old)"
-        return ""
+            return Problem("stale", PROMPT, f"> {self.prompt_stale_s} s old")
+        return None
 
     def _reject(self, reason: str) -> bool:
         with self._lock:

@@ -104,8 +104,13 @@ def to_hwc_rgb(image: Any, name: str) -> np.ndarray:
     return np.ascontiguousarray(image)
 
 
-def make_observation(spec: ObservationSpec, raw: Mapping[str, Any]) -> Observation:
-    """Validate a raw observation dict and reduce every camera to one tile."""
+def make_observation(spec: ObservationSpec, raw: Mapping[str, Any], tile: bool = True) -> Observation:
+    """Validate a raw observation dict and reduce every camera to one tile.
+
+    With tile=False the validated RGB images keep their size: a processor that reproduces a reference
+    implementation's own resize (a float bilinear one, say) makes the tile itself. Masked cameras are a
+    black tile either way.
+    """
     if not isinstance(raw, Mapping):
         raise ObservationError(f"observation must be a dict, got {type(raw).__name__}")
     unknown_keys = set(raw) - {"images", "state", "prompt"}
@@ -128,7 +133,8 @@ def make_observation(spec: ObservationSpec, raw: Mapping[str, Any]) -> Observati
     masks: dict[str, bool] = {}
     for name in spec.camera_names:
         if name in images:
-            tiles[name] = resize_with_pad(to_hwc_rgb(images[name], name), size, size)
+            rgb = to_hwc_rgb(images[name], name)
+            tiles[name] = resize_with_pad(rgb, size, size) if tile else rgb
             masks[name] = True
         else:
             tiles[name] = np.zeros((size, size, 3), np.uint8)

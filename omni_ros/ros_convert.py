@@ -35,6 +35,16 @@ def sec_to_stamp(t: float, stamp: Any) -> Any:
     return stamp
 
 
+def message_stamp(msg: Any, fallback: float, use_header: bool = True) -> float:
+    """The header stamp (when the data was taken) unless unused, absent or zero; else `fallback` (arrival time)."""
+    header = getattr(msg, "header", None)  # Float64MultiArray and String have none
+    if use_header and header is not None:
+        t = stamp_to_sec(header.stamp)
+        if t > 0:
+            return t
+    return fallback
+
+
 def image_to_rgb(msg: Any, max_pixels: int = 4096 * 4096) -> np.ndarray:
     """sensor_msgs/Image -> HWC RGB uint8 (a copy only where a conversion is needed)."""
     encoding = msg.encoding.lower()

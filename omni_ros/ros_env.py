@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -52,8 +53,21 @@ def spin_until_shutdown(node: Any, executor: Any = None, duration: float = 0.0) 
         rclpy.try_shutdown()
 
 
-def run_node(prog: str, make_node: Any, ros_args: list[str], errors: tuple[type[BaseException], ...]) -> int:
-    """Start rclpy, build a node and spin it; a construction error in `errors` is one line and exit status 2."""
+def run_node(
+    prog: str,
+    make_node: Callable[[], Any],
+    ros_args: list[str],
+    errors: tuple[type[BaseException], ...],
+    *,
+    activate: bool = False,
+    duration: float = 0.0,
+) -> int:
+    """Start rclpy, build a node and spin it until shutdown or `duration` seconds (0: no limit).
+
+    The one runner of every `python -m omni_ros.nodes.X`. A construction error in `errors` is one line and
+    exit status 2. `activate`: a lifecycle node is configured and activated first (without it, a lifecycle
+    node waits unconfigured for a manager); a refused transition is exit status 1.
+    """
     import sys
 
     import rclpy
@@ -66,5 +80,14 @@ def run_node(prog: str, make_node: Any, ros_args: list[str], errors: tuple[type[
         print(f"{prog}: {exc}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
-    spin_until_shutdown(node)
+    if activate:
+        from rclpy.lifecycle import TransitionCallbackReturn
+
+        ok = TransitionCallbackReturn.SUCCESS
+        if node.trigger_configure() != ok or node.trigger_activate() != ok:
+            print(f"{prog}: the node could not start (see the log above)", file=sys.stderr)
+            node.destroy_node()
+            rclpy.try_shutdown()
+            return 1
+    spin_until_shutdown(node, duration=duration)
     return 0

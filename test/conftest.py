@@ -36,3 +36,15 @@ def ros_context():
     rclpy.init(context=context)
     yield context
     context.try_shutdown()
+
+
+@pytest.fixture
+def torch_one_thread():
+    """One torch thread for the test, restored after: on 2 shared cores more threads only fight each other
+    (and spinning OpenMP workers collapse when another process is busy)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +12,7 @@ import numpy as np
 import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-from helpers.bridge_util import aloha_obs, healthz, libero_obs
+from helpers.bridge_util import aloha_obs, healthz, libero_obs, start_serve, stop_serve
 
 HELPERS_PARENT = Path(__file__).resolve().parent
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -22,32 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def _start(root: Path, *args: str) -> tuple[subprocess.Popen, str, dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HELPERS_PARENT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "omni_ros.cli", "-vv", "serve", "--port", "0", *args],
-        cwd=root,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("}"):
-            break
-    text = "".join(lines)
-    match = re.search(r"listening on (ws://127\.0\.0\.1:\d+)", text)
-    if match is None:
-        proc.kill()
-        raise AssertionError(f"no URL printed:\n{text}\n{proc.stderr.read()}")
-    metadata = json.loads(text[text.index("{") :])
-    return proc, match.group(1), metadata
-
-
-def _stop(proc: subprocess.Popen) -> tuple[int, str, str]:
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
-    return proc.returncode, out, err
+    return start_serve(root, *args, env=env, cli_options=("-vv",))
 
 
 def test_serve_with_a_policy_factory(root):
@@ -60,14 +33,14 @@ def test_serve_with_a_policy_factory(root):
         assert result["actions"].shape == (10, 7)
         assert healthz(int(url.rsplit(":", 1)[1])) == (200, "OK\n")
     finally:
-        code, out, err = _stop(proc)
+        code, out, err = stop_serve(proc)
     assert code == 0, err
     assert "stopped after 1 requests" in out
     assert re.search(r"DEBUG omni_ros.serve: client 127\.0\.0\.1:\d+ request 1: [0-9.]+ ms", err), err
 
 
 def test_serve_the_configured_torch_policy(root, tmp_path):
-    pytest.importorskip("omni_ros.policy.factory")
+    pytest.importorskip("omni_ros.backends.factory")
     config = tmp_path / "serve.yaml"
     config.write_text("policy: {preset: tiny, num_threads: 1}\nserve: {keymap: aloha, batching: {enabled: true}}\n")
     proc, url, metadata = _start(root, "--config", str(config))
@@ -78,7 +51,7 @@ def test_serve_the_configured_torch_policy(root, tmp_path):
         assert result["actions"].shape == (metadata["action_horizon"], 14)
         assert np.all(np.isfinite(result["actions"]))
     finally:
-        code, _out, err = _stop(proc)
+        code, _out, err = stop_serve(proc)
     assert code == 0, err
 
 

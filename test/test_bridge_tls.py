@@ -107,8 +107,12 @@ def test_tls_config_is_checked(tmp_path):
     cert, key = _self_signed(tmp_path)
     server, _policy, _keymap = echo_server("droid")
     policy = server.server.policy
+    with pytest.raises(ConfigError, match=r"tls_key is needed too"):
+        ServeConfig(tls_cert=cert)
+    half = ServeConfig()
+    half.tls_cert = cert  # as `omni-ros serve --tls-cert` sets it, after the config checked itself
     with pytest.raises(ConfigError, match=r"needs both serve\.tls_cert and serve\.tls_key"):
-        PolicyServer(policy, ServeConfig(tls_cert=cert))
+        PolicyServer(policy, half)
     with pytest.raises(ConfigError, match=r"serve\.tls_key: file not found"):
         PolicyServer(policy, ServeConfig(tls_cert=cert, tls_key=str(tmp_path / "nope.key")))
     (tmp_path / "junk.pem").write_text("not a certificate\n")

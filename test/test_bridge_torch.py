@@ -1,4 +1,4 @@
-"""The bridge in front of the real tiny TorchPolicy: openpi layouts in, pi0-style action chunks out, batching too."""
+"""The bridge in front of the real tiny torch policy: openpi layouts in, pi0-style action chunks out, batching too."""
 
 from __future__ import annotations
 
@@ -9,25 +9,17 @@ import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from helpers.bridge_util import ACTION_DIMS, OBS_MAKERS
+from omni_ros.policy.loading import from_preset
 from omni_ros.serving.config import BatchingConfig, ServeConfig
 from omni_ros.serving.keymap import load_keymap
 from omni_ros.serving.server import ServerThread
 
 torch = pytest.importorskip("torch")
-torch_policy = pytest.importorskip("omni_ros.policy.torch_policy")
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.usefixtures("torch_one_thread")]
 
 
 def _tiny(keymap):
-    return torch_policy.TorchPolicy.from_preset(
+    return from_preset(
         "tiny", camera_names=keymap.camera_names, state_dim=keymap.state_dim, action_dim=keymap.action_dim, seed=0
     )
 

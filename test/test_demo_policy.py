@@ -7,20 +7,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from omni_ros.backends.factory import load_policy
 from omni_ros.config import load_config
-from omni_ros.policy.checkpoint import read_checkpoint_config
-from omni_ros.policy.factory import load_policy
+from omni_ros.policy.layouts.omni import read_checkpoint_config
 from omni_ros.sim.evaluate import HELD_OUT_SEED, EvalOptions, evaluate
 
 SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "demo"
-pytestmark = pytest.mark.skipif(
-    not (SHIPPED / "model.safetensors").is_file(), reason="no shipped demo checkpoint (checkpoints/demo)"
-)
-
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(1)
+pytestmark = [
+    pytest.mark.skipif(
+        not (SHIPPED / "model.safetensors").is_file(), reason="no shipped demo checkpoint (checkpoints/demo)"
+    ),
+    pytest.mark.usefixtures("torch_one_thread"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +56,13 @@ def run(policy, sim_config, episodes, seed):
 
 
 def test_demo_reaches_the_prompted_block_where_random_weights_cannot(sim_config, demo):
-    from omni_ros.policy.model import Pi0Model
-    from omni_ros.policy.torch_policy import TorchPolicy
+    from omni_ros.policy.loading import from_model
+    from omni_ros.policy.pi0.modeling import Pi0Model
 
     seed = HELD_OUT_SEED + 500  # layouts never seen in training (seeds 0..) nor in the README numbers
     trained = run(demo, sim_config, 6, seed)
     torch.manual_seed(0)
-    random = TorchPolicy(Pi0Model(demo.cfg), demo.norm_stats, name="random")
+    random = from_model(Pi0Model(demo.processor.cfg), demo.processor.norm_stats, name="random")
     chance = run(random, sim_config, 6, seed)
     # Each layout runs twice: its own prompt, then a prompt naming another block.
     assert trained.success_rate >= 4 / 6, trained.records

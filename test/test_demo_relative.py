@@ -10,20 +10,18 @@ import pytest
 import torch
 
 from omni_ros.observation import ObservationSpec, make_observation
-from omni_ros.policy.checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
-from omni_ros.policy.inputs import fit_norm_stats
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import ModelConfig, preset
+from omni_ros.policy.layouts.omni import load_checkpoint, read_checkpoint_config, save_checkpoint
+from omni_ros.policy.loading import from_model, load
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.torch_policy import TorchPolicy
+from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pi0.presets import preset
+from omni_ros.policy.pi0.processing import fit_norm_stats
 from omni_ros.policy.train import Trainer
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 DIM = 3
-
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(1)
 
 
 def configs() -> tuple[ModelConfig, ModelConfig]:
@@ -60,8 +58,8 @@ def test_demo_preset_is_relative_and_others_are_not():
 def test_relative_policy_returns_state_plus_the_models_delta(state):
     a, r = twin_models()
     obs = raw_obs(state)
-    absolute = TorchPolicy(a, STATS, seed=3).infer(obs)["actions"]
-    relative = TorchPolicy(r, STATS, seed=3).infer(obs)["actions"]
+    absolute = from_model(a, STATS, seed=3).infer(obs)["actions"]
+    relative = from_model(r, STATS, seed=3).infer(obs)["actions"]
     assert relative.shape == absolute.shape == (a.cfg.action_horizon, DIM)
     # Same weights and noise: only the state added back differs, per joint and over the whole horizon.
     np.testing.assert_allclose(relative - absolute, np.broadcast_to(np.float32(state), absolute.shape), atol=1e-5)
@@ -101,8 +99,8 @@ def test_checkpoint_round_trip_keeps_the_flag_and_old_checkpoints_stay_absolute(
     model, stats, _ = load_checkpoint(tmp_path / "rel")
     assert model.cfg.relative_actions and stats == STATS
     state = [0.3, -0.6, 0.9]
-    reloaded = TorchPolicy.from_checkpoint(tmp_path / "rel", seed=5).infer(raw_obs(state))["actions"]
-    direct = TorchPolicy(r, STATS, seed=5).infer(raw_obs(state))["actions"]
+    reloaded = load(tmp_path / "rel", seed=5).infer(raw_obs(state))["actions"]
+    direct = from_model(r, STATS, seed=5).infer(raw_obs(state))["actions"]
     np.testing.assert_allclose(reloaded, direct, atol=1e-6)
 
     # A config.json written before the field existed loads as absolute.

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from omni_ros.config import ConfigError, load_config
-from omni_ros.policy.checkpoint import load_checkpoint
-from omni_ros.policy.model_config import preset
+from omni_ros.policy.layouts.omni import load_checkpoint
+from omni_ros.policy.pi0.presets import preset
 from omni_ros.sim.collect import CollectOptions, collect
 from omni_ros.sim.config import SimConfig
 from omni_ros.sim.dataset import DatasetError, DatasetMeta, DatasetWriter, iter_samples, read_meta
@@ -23,10 +23,7 @@ from omni_ros.train.config import TrainConfig
 from omni_ros.train.data import load_tiles
 from omni_ros.train.loop import TrainError, learning_rate, train
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def collect_to(path, episodes, seed=0, **options):
@@ -130,7 +127,7 @@ def fixed_batch_loss(model, stats, data, n=32):
 
 
 def test_training_reduces_loss_and_resumes_exactly(tmp_path, tiny_data):
-    from omni_ros.policy.inputs import fit_norm_stats
+    from omni_ros.policy.pi0.processing import fit_norm_stats
     from omni_ros.train.loop import _fresh_model
 
     path, _, _ = tiny_data
@@ -271,8 +268,8 @@ def test_collected_goals_are_the_poses_the_expert_reaches(tiny_data):
 
 
 def test_goal_head_loss_is_added_and_learned(tiny_data):
-    from omni_ros.policy.inputs import fit_norm_stats
-    from omni_ros.policy.model import Pi0Model
+    from omni_ros.policy.pi0.modeling import Pi0Model
+    from omni_ros.policy.pi0.processing import fit_norm_stats
     from omni_ros.policy.train import Trainer
 
     path, _, _ = tiny_data

@@ -49,7 +49,7 @@ class HoldPolicy(BasePolicy):
         self.spec = ObservationSpec(camera_names=tuple(cameras), state_dim=joints, image_size=64)
         self.metadata = PolicyMetadata("hold", "test", tuple(cameras), 64, joints, joints, 10, 0.02)
 
-    def infer(self, obs):
+    def infer(self, obs, *, noise=None):
         return {"actions": np.tile(np.asarray(obs["state"], np.float32), (10, 1))}
 
 

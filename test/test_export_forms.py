@@ -9,17 +9,13 @@ import torch
 
 from omni_ros.export.forms import use_export_forms, uses_export_forms
 from omni_ros.export.methods import METHODS, example_inputs, method_module, prefix_mask_of, signatures
+from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.layers import additive_mask, attention
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import TransformerConfig, preset
+from omni_ros.policy.pi0.configuration import TransformerConfig
+from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pi0.presets import preset
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def _pair(cfg):
@@ -82,9 +78,9 @@ def test_prefix_mask_helper_matches_embed_prefix():
     cfg = preset("tiny")
     model = Pi0Model(cfg).eval()
     inputs = example_inputs(signatures(cfg)["sample"], cfg)
-    images, image_masks, tokens, token_mask = inputs[:4]
+    _, image_masks, _, token_mask = inputs[:4]
     image_masks[0, 1] = False
-    _, expected = model.embed_prefix(images, image_masks, tokens, token_mask)
+    _, expected = model.embed_prefix(ModelInputs(*inputs[:5]))
     assert torch.equal(prefix_mask_of(image_masks, token_mask, cfg.vision.num_tokens), expected)
 
 

@@ -16,18 +16,12 @@ import torch
 from omni_ros.export.exporter import check_export_target, export_preset
 from omni_ros.export.methods import METHODS, signatures
 from omni_ros.export.qnn import QnnOptions, QnnSdkError, calibration_inputs, find_qnn_sdk, qnn_plan
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import preset
+from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pi0.presets import preset
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 QNN_MODULES = "executorch.backends.qualcomm"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

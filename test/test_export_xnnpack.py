@@ -11,15 +11,17 @@ import pytest
 import torch
 
 from helpers.pte_cache import exported_tiny
-from omni_ros.backends.executorch_backend import ExecuTorchPolicy, installed_executorch_version
-from omni_ros.config import ConfigError, PolicyConfig, load_config
+from helpers.tiny_models import eager_tiny, raw_obs, reference
+from omni_ros.backends.executorch_runner import ExecuTorchRunner, installed_executorch_version, load_pte
+from omni_ros.backends.factory import load_policy
+from omni_ros.config import ConfigError, load_config
 from omni_ros.export.methods import METHODS, example_inputs, method_module, signatures
 from omni_ros.export.quantize import INT8_TOLERANCE
 from omni_ros.export.sidecar import PteError, file_sha256, read_sidecar, sidecar_path
-from omni_ros.policy.factory import load_policy
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import preset
-from omni_ros.policy.torch_policy import TorchPolicy
+from omni_ros.policy.config import PolicyConfig
+from omni_ros.policy.loading import from_model
+from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pi0.presets import preset
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 TOL = 1e-4
@@ -50,29 +52,10 @@ def _tiny_cfg():
     return preset("tiny", **ARM)
 
 
-def _reference(**kwargs) -> TorchPolicy:
-    # The same seeded weights `export_preset` builds.
-    return TorchPolicy.from_preset("tiny", **ARM, **kwargs)
-
-
-def _eager_tiny() -> Pi0Model:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return Pi0Model(_tiny_cfg()).eval()
-
-
-def _obs(seed: int, wrist: bool = True) -> dict:
-    rng = np.random.default_rng(seed)
-    images = {"base": rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)}
-    if wrist:
-        images["wrist"] = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    return {"images": images, "state": rng.normal(size=3), "prompt": f"pick up block {seed}"}
-
-
 def test_every_method_matches_eager(fp32_pte):
     from executorch.runtime import Runtime
 
-    model, cfg = _eager_tiny(), _tiny_cfg()
+    model, cfg = eager_tiny(), _tiny_cfg()
     program = Runtime.get().load_program(fp32_pte)
     sigs = signatures(cfg)
     for method in METHODS:
@@ -92,19 +75,19 @@ def test_every_method_matches_eager(fp32_pte):
 
 @pytest.mark.parametrize("mode", ["staged", "fused"])
 def test_policy_matches_torch_policy(fp32_pte, mode):
-    reference = _reference(seed=7)
-    policy = ExecuTorchPolicy(fp32_pte, mode=mode, seed=7)
+    torch_policy = reference(seed=7)
+    policy = load_pte(fp32_pte, mode=mode, seed=7)
     assert policy.metadata.backend == "executorch-xnnpack"
-    assert policy.metadata.camera_names == reference.metadata.camera_names
-    for obs in (_obs(0), _obs(1, wrist=False)):
-        out, ref = policy.infer(obs), reference.infer(obs)
+    assert policy.metadata.camera_names == torch_policy.metadata.camera_names
+    for obs in (raw_obs(0), raw_obs(1, wrist=False)):
+        out, ref = policy.infer(obs), torch_policy.infer(obs)
         assert out["actions"].shape == ref["actions"].shape == (8, 3)
         assert out["actions"].dtype == np.float32
         np.testing.assert_allclose(out["actions"], ref["actions"], rtol=0, atol=TOL)
         assert set(out["policy_timing"]) == set(ref["policy_timing"])
     # A different seed is different noise: the outputs really depend on it.
-    other = ExecuTorchPolicy(fp32_pte, mode=mode, seed=8).infer(_obs(0))["actions"]
-    assert np.abs(other - policy.infer(_obs(0))["actions"]).max() > 1e-3
+    other = load_pte(fp32_pte, mode=mode, seed=8).infer(raw_obs(0))["actions"]
+    assert np.abs(other - policy.infer(raw_obs(0))["actions"]).max() > 1e-3
 
 
 class _Counting:
@@ -117,34 +100,34 @@ class _Counting:
 
 
 def test_staged_keeps_the_prefix_kv_cache_across_steps(fp32_pte):
-    policy = ExecuTorchPolicy(fp32_pte, num_steps=3)
+    policy = load_pte(fp32_pte, num_steps=3)
     calls: list[str] = []
-    policy._methods = {n: _Counting(m, calls, n) for n, m in policy._methods.items()}
-    out = policy.infer(_obs(2))
+    policy.runner._methods = {n: _Counting(m, calls, n) for n, m in policy.runner._methods.items()}
+    out = policy.infer(raw_obs(2))
     assert calls == ["encode_images", "prefill"] + ["denoise_step"] * 3
     # Three steps with the cached prefix give what eager gives with three steps.
-    expected = _reference(num_steps=3).infer(_obs(2))["actions"]
+    expected = reference(num_steps=3).infer(raw_obs(2))["actions"]
     np.testing.assert_allclose(out["actions"], expected, rtol=0, atol=TOL)
 
 
 def test_fused_refuses_another_step_count(fp32_pte):
     with pytest.raises(PteError, match="runs 4 Euler steps, configured num_steps is 6"):
-        ExecuTorchPolicy(fp32_pte, mode="fused", num_steps=6)
+        load_pte(fp32_pte, mode="fused", num_steps=6)
 
 
 def test_int8_dynamic_within_documented_tolerance(int8_pte, fp32_pte):
     sidecar = read_sidecar(int8_pte)
     assert sidecar.quantize == "int8-dynamic" and "sample" not in sidecar.methods
     assert "torchao.quantize_affine.default" in sidecar.delegation["denoise_step"]["delegated"]
-    policy = ExecuTorchPolicy(int8_pte)
-    assert policy.mode == "staged" and policy.metadata.backend == "executorch-xnnpack-int8-dynamic"
-    reference = _reference()
+    policy = load_pte(int8_pte)
+    assert policy.runner.mode == "staged" and policy.metadata.backend == "executorch-xnnpack-int8-dynamic"
+    torch_policy = reference()
     for seed in (3, 4):
-        got, ref = policy.infer(_obs(seed))["actions"], reference.infer(_obs(seed))["actions"]
+        got, ref = policy.infer(raw_obs(seed))["actions"], torch_policy.infer(raw_obs(seed))["actions"]
         diff = np.abs(got - ref).max()
         assert 0 < diff <= INT8_TOLERANCE, diff  # quantized (not bit-identical), yet close
     with pytest.raises(PteError, match="fused mode needs the 'sample' method"):
-        ExecuTorchPolicy(int8_pte, mode="fused")
+        load_pte(int8_pte, mode="fused")
 
 
 def test_delegation_report_and_sidecar(fp32_pte):
@@ -185,10 +168,10 @@ def test_corrupt_truncated_or_foreign_pte_refused(fp32_pte, tmp_path):
     data[len(data) // 2] ^= 0xFF
     pte.write_bytes(bytes(data))
     with pytest.raises(PteError, match="SHA-256 does not match"):
-        ExecuTorchPolicy(pte)
+        load_pte(pte)
     pte.write_bytes(fp32_pte.read_bytes()[:1000])
     with pytest.raises(PteError, match="1000 bytes but its sidecar describes"):
-        ExecuTorchPolicy(pte)
+        load_pte(pte)
     # Garbage with a sidecar that vouches for it: refused before the runtime (which would abort the process).
     garbage = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
     pte.write_bytes(garbage)
@@ -196,37 +179,37 @@ def test_corrupt_truncated_or_foreign_pte_refused(fp32_pte, tmp_path):
     meta["pte"] = {"sha256": file_sha256(pte), "bytes": len(garbage)}
     sidecar_path(pte).write_text(json.dumps(meta))
     with pytest.raises(PteError, match="not an ExecuTorch program"):
-        ExecuTorchPolicy(pte)
+        load_pte(pte)
 
 
 def test_missing_or_broken_sidecar_refused(fp32_pte, tmp_path):
     pte = _copy(fp32_pte, tmp_path)
     sidecar_path(pte).write_text("{not json")
     with pytest.raises(PteError, match="not valid JSON"):
-        ExecuTorchPolicy(pte)
+        load_pte(pte)
     sidecar_path(pte).unlink()
     with pytest.raises(PteError, match=re.escape("sidecar policy.pte.json is missing")):
-        ExecuTorchPolicy(pte)
+        load_pte(pte)
     with pytest.raises(PteError, match="ExecuTorch program not found"):
-        ExecuTorchPolicy(tmp_path / "absent.pte")
+        load_pte(tmp_path / "absent.pte")
 
 
 def test_mismatched_configuration_refused(fp32_pte, tmp_path):
     with pytest.raises(PteError, match=r"cameras: program \['base', 'wrist'\], configured \['front', 'wrist'\]"):
-        ExecuTorchPolicy(fp32_pte, camera_names=["front", "wrist"])
+        load_pte(fp32_pte, camera_names=["front", "wrist"])
     with pytest.raises(PteError, match="state_dim: program 3, configured 7; action_dim: program 3, configured 7"):
-        ExecuTorchPolicy(fp32_pte, state_dim=7, action_dim=7)
+        load_pte(fp32_pte, state_dim=7, action_dim=7)
     pte = _copy(fp32_pte, tmp_path)
     meta = json.loads(sidecar_path(pte).read_text())
     meta["versions"]["executorch"] = "0.7.0"
     sidecar_path(pte).write_text(json.dumps(meta))
     with pytest.raises(PteError, match=re.escape("exported with executorch 0.7.0, this runtime is executorch")):
-        ExecuTorchPolicy(pte)
+        load_pte(pte)
     meta["versions"]["executorch"] = installed_executorch_version()
     meta["format"] = "omni_ros.pte.v0"
     sidecar_path(pte).write_text(json.dumps(meta))
     with pytest.raises(PteError, match=re.escape("sidecar format 'omni_ros.pte.v0'")):
-        ExecuTorchPolicy(pte)
+        load_pte(pte)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
@@ -238,7 +221,7 @@ def test_cuda_program_refused_without_cuda(fp32_pte, tmp_path):
     meta["target"] = "cuda"
     sidecar_path(pte).write_text(json.dumps(meta))
     with pytest.raises(CudaUnavailableError, match="exported for CUDA but no CUDA GPU"):
-        ExecuTorchPolicy(pte)
+        load_pte(pte)
 
 
 def test_config_switch_loads_the_pte(fp32_pte, tmp_path):
@@ -249,9 +232,9 @@ def test_config_switch_loads_the_pte(fp32_pte, tmp_path):
     config = load_config(config_file)
     assert config.policy.pte == str((tmp_path / "tiny.pte").resolve())
     policy = load_policy(config.policy, camera_names=["base", "wrist"], state_dim=3, action_dim=3)
-    assert isinstance(policy, ExecuTorchPolicy)
-    expected = _reference().infer(_obs(5))["actions"]
-    np.testing.assert_allclose(policy.infer(_obs(5))["actions"], expected, rtol=0, atol=TOL)
+    assert isinstance(policy.runner, ExecuTorchRunner)
+    expected = reference().infer(raw_obs(5))["actions"]
+    np.testing.assert_allclose(policy.infer(raw_obs(5))["actions"], expected, rtol=0, atol=TOL)
     with pytest.raises(PteError, match="cameras: program"):
         load_policy(config.policy, camera_names=["base"])
     with pytest.raises(ConfigError, match=re.escape("needs policy.pte")):
@@ -279,11 +262,11 @@ def test_cli_exports_8da4w_and_reports_delegation(root, tmp_path):
     assert read_sidecar(out).quantize == "8da4w"
     # Only the vision encoder: no policy can run from it, and it says why.
     with pytest.raises(PteError, match="fused mode needs the 'sample' method"):
-        ExecuTorchPolicy(out)
+        load_pte(out)
     cfg = _tiny_cfg()
     images = example_inputs(signatures(cfg)["encode_images"], cfg, seed=5)
     with torch.no_grad():
-        expected = _eager_tiny().encode_images(*images)
+        expected = eager_tiny().encode_images(*images)
     got = Runtime.get().load_program(out).load_method("encode_images").execute(list(images))[0]
     relative = ((got - expected).norm() / expected.norm()).item()
     assert 0 < relative < 0.1, relative  # 4-bit weights: visibly quantized, still the same features
@@ -292,8 +275,8 @@ def test_cli_exports_8da4w_and_reports_delegation(root, tmp_path):
 def test_prompt_conditioned_encoder_with_keypoints_exports_and_matches(tmp_path):
     """vision.film + vision.keypoints (the demo's encoder): encode_images takes the prompt too, same outputs."""
     from omni_ros.export.exporter import export_policy
-    from omni_ros.policy.model_config import VisionConfig
     from omni_ros.policy.normalize import NormStats
+    from omni_ros.policy.pi0.configuration import VisionConfig
 
     vision = VisionConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, keypoints=3)
     vision.film = True
@@ -309,9 +292,9 @@ def test_prompt_conditioned_encoder_with_keypoints_exports_and_matches(tmp_path)
     export_policy(model, stats, pte, methods=("encode_images", "prefill", "denoise_step"))
     sig = read_sidecar(pte).methods["encode_images"]
     assert [s.name for s in sig.inputs] == ["images", "tokens", "token_mask"]
-    reference = TorchPolicy(model, stats, seed=3)
-    policy = ExecuTorchPolicy(pte, mode="staged", seed=3)
-    obs = _obs(0)
+    reference = from_model(model, stats, seed=3)
+    policy = load_pte(pte, mode="staged", seed=3)
+    obs = raw_obs(0)
     np.testing.assert_allclose(policy.infer(obs)["actions"], reference.infer(obs)["actions"], rtol=0, atol=TOL)
     # The prompt reaches the image tokens: another prompt, other actions.
     other = dict(obs, prompt="block")

@@ -9,20 +9,19 @@ import numpy as np
 import pytest
 import torch
 
+from omni_ros.backends.factory import load_policy
 from omni_ros.config import ConfigError, PolicyConfig
 from omni_ros.observation import ObservationError, make_observation
-from omni_ros.policy.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from omni_ros.policy.factory import load_policy
-from omni_ros.policy.model import Pi0Model, count_parameters
-from omni_ros.policy.model_config import PRESETS, preset
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.layouts.omni import CheckpointError, load_checkpoint, save_checkpoint
+from omni_ros.policy.loading import from_model, from_preset, load
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.torch_policy import TorchPolicy, resolve_device
+from omni_ros.policy.pi0.modeling import Pi0Model, count_parameters
+from omni_ros.policy.pi0.presets import PRESETS, preset
+from omni_ros.policy.torch_runner import resolve_device
 from omni_ros.policy.train import Trainer
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def observation(cfg, seed=0, prompt="reach the red block", cameras=None):
@@ -40,13 +39,13 @@ def model_batch(cfg, batch=2, seed=0):
     s, c, t = cfg.vision.image_size, len(cfg.camera_names), cfg.tokenizer.max_tokens
     token_mask = torch.zeros(batch, t, dtype=torch.bool)
     token_mask[:, : t // 2] = True
-    return {
-        "images": torch.rand(batch, c, 3, s, s, generator=g) * 2 - 1,
-        "image_masks": torch.tensor([[True] + [i % 2 == 0] * (c - 1) for i in range(batch)]),
-        "tokens": torch.randint(0, 256, (batch, t), generator=g),
-        "token_mask": token_mask,
-        "state": torch.randn(batch, cfg.state_dim, generator=g),
-    }
+    return ModelInputs(
+        images=torch.rand(batch, c, 3, s, s, generator=g) * 2 - 1,
+        image_masks=torch.tensor([[True] + [i % 2 == 0] * (c - 1) for i in range(batch)]),
+        tokens=torch.randint(0, 256, (batch, t), generator=g),
+        token_mask=token_mask,
+        state=torch.randn(batch, cfg.state_dim, generator=g),
+    )
 
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
@@ -55,13 +54,13 @@ def test_stage_shapes(name):
     model = Pi0Model(cfg).eval()
     b = model_batch(cfg)
     with torch.inference_mode():
-        prefix, mask = model.embed_prefix(b["images"], b["image_masks"], b["tokens"], b["token_mask"])
+        prefix, mask = model.embed_prefix(b)
         assert prefix.shape == (2, cfg.prefix_len, cfg.backbone.width) and mask.shape == (2, cfg.prefix_len)
         cache = model.prefill(prefix, mask)
         assert len(cache) == cfg.backbone.depth
         assert cache[0][0].shape == (2, cfg.backbone.num_kv_heads, cfg.prefix_len, cfg.backbone.head_dim)
         x = torch.randn(2, cfg.action_horizon, cfg.action_dim)
-        v = model.denoise_step(cache, mask, b["state"], x, torch.full((2,), 0.5))
+        v = model.denoise_step(cache, mask, b.state, x, torch.full((2,), 0.5))
         assert v.shape == x.shape and torch.isfinite(v).all()
 
 
@@ -84,8 +83,8 @@ def test_prefix_cache_sampling_equals_recompute():
     b = model_batch(cfg)
     noise = torch.randn(2, cfg.action_horizon, cfg.action_dim)
     with torch.inference_mode():
-        cached = model.sample(**b, noise=noise, num_steps=10, use_cache=True)
-        recomputed = model.sample(**b, noise=noise, num_steps=10, use_cache=False)
+        cached = model.sample(b, noise, num_steps=10, use_cache=True)
+        recomputed = model.sample(b, noise, num_steps=10, use_cache=False)
     assert (cached - recomputed).abs().max().item() < 1e-4
     # And it is a real integration: the result differs from the starting noise.
     assert (cached - noise).abs().max().item() > 1e-3
@@ -96,12 +95,12 @@ def test_prefix_does_not_see_suffix_and_padding_is_ignored():
     model = Pi0Model(cfg).eval()
     b = model_batch(cfg, batch=1)
     with torch.inference_mode():
-        prefix, mask = model.embed_prefix(b["images"], b["image_masks"], b["tokens"], b["token_mask"])
+        prefix, mask = model.embed_prefix(b)
         cache = model.prefill(prefix, mask)
         # Changing a padded prompt token must not change the cache of valid tokens.
-        tokens = b["tokens"].clone()
+        tokens = b.tokens.clone()
         tokens[0, -1] = (tokens[0, -1] + 7) % 256
-        prefix2, mask2 = model.embed_prefix(b["images"], b["image_masks"], tokens, b["token_mask"])
+        prefix2, mask2 = model.embed_prefix(dataclasses.replace(b, tokens=tokens))
         cache2 = model.prefill(prefix2, mask2)
     valid = mask[0]
     for (k1, v1), (k2, v2) in zip(cache, cache2, strict=True):
@@ -112,53 +111,70 @@ def test_prefix_does_not_see_suffix_and_padding_is_ignored():
 def test_same_seed_same_actions_different_seed_different_actions():
     cfg = preset("tiny")
     obs = observation(cfg)
-    a = TorchPolicy.from_preset("tiny", seed=3).infer(obs)["actions"]
-    b = TorchPolicy.from_preset("tiny", seed=3).infer(obs)["actions"]
-    c = TorchPolicy.from_preset("tiny", seed=4).infer(obs)["actions"]
+    a = from_preset("tiny", seed=3).infer(obs)["actions"]
+    b = from_preset("tiny", seed=3).infer(obs)["actions"]
+    c = from_preset("tiny", seed=4).infer(obs)["actions"]
     assert a.shape == (cfg.action_horizon, cfg.action_dim) and a.dtype == np.float32
     assert np.array_equal(a, b)
     assert not np.allclose(a, c)
 
 
 def test_actions_depend_on_image_state_and_prompt():
-    policy = TorchPolicy.from_preset("tiny", seed=0)
-    cfg = policy.cfg
+    policy = from_preset("tiny", seed=0)
+    cfg = policy.processor.cfg
     base = policy.infer(observation(cfg))["actions"]
     for changed in (observation(cfg, seed=1), observation(cfg, prompt="touch the blue block")):
         assert not np.allclose(base, policy.infer(changed)["actions"])
 
 
 def test_batch_equals_single_requests():
-    policy = TorchPolicy.from_preset("tiny", seed=0)
-    obs = [observation(policy.cfg, seed=i) for i in range(3)]
+    policy = from_preset("tiny", seed=0)
+    obs = [observation(policy.processor.cfg, seed=i) for i in range(3)]
     batched = policy.infer_batch(obs)
     for o, r in zip(obs, batched, strict=True):
         assert np.allclose(policy.infer(o)["actions"], r["actions"], atol=1e-5)
 
 
 def test_timing_reported():
-    result = TorchPolicy.from_preset("tiny").infer(observation(preset("tiny")))
-    timing = result["policy_timing"]
-    for key in ("embed_prefix_ms", "prefill_ms", "denoise_ms", "infer_ms"):
-        assert timing[key] >= 0
-    assert timing["infer_ms"] >= timing["denoise_ms"]
+    # Each stage is slowed by a known amount: the timing must put the time where it was spent.
+    import time
+
+    policy = from_preset("tiny")
+    model, steps = policy.runner.model, policy.num_steps
+
+    def slowed(fn, seconds):
+        def run(*args, **kwargs):
+            time.sleep(seconds)
+            return fn(*args, **kwargs)
+
+        return run
+
+    model.prefill = slowed(model.prefill, 0.08)
+    model.denoise_step = slowed(model.denoise_step, 0.03)
+    timing = policy.infer(observation(preset("tiny")))["policy_timing"]
+    assert set(timing) == {"preprocess_ms", "embed_prefix_ms", "prefill_ms", "denoise_ms", "infer_ms", "batch_size"}
+    assert timing["prefill_ms"] >= 80 and timing["embed_prefix_ms"] < 80
+    assert timing["denoise_ms"] >= 30 * steps > timing["prefill_ms"]
+    stages = timing["preprocess_ms"] + timing["embed_prefix_ms"] + timing["prefill_ms"] + timing["denoise_ms"]
+    assert stages <= timing["infer_ms"] <= stages + 50
+    assert timing["batch_size"] == 1
 
 
 def test_norm_stats_unnormalize_outputs(tmp_path):
     cfg = preset("tiny")
     torch.manual_seed(0)
     model = Pi0Model(cfg)
-    identity = TorchPolicy(model, NormStats.identity(cfg.state_dim, cfg.action_dim))
+    identity = from_model(model, NormStats.identity(cfg.state_dim, cfg.action_dim))
     stats = NormStats([0.0] * 8, [1.0] * 8, [float(i) for i in range(8)], [2.0] * 8)
-    shifted = TorchPolicy(model, stats)
+    shifted = from_model(model, stats)
     obs = observation(cfg)
     a, b = identity.infer(obs)["actions"], shifted.infer(obs)["actions"]
     assert np.allclose(b, a * 2.0 + np.arange(8), atol=1e-5)
 
 
 def test_invalid_observation_rejected_by_policy():
-    policy = TorchPolicy.from_preset("tiny")
-    obs = observation(policy.cfg)
+    policy = from_preset("tiny")
+    obs = observation(policy.processor.cfg)
     obs["state"][2] = np.nan
     with pytest.raises(ObservationError, match="NaN"):
         policy.infer(obs)
@@ -174,8 +190,8 @@ def test_checkpoint_round_trip_gives_identical_actions(tmp_path):
     assert meta["model"]["camera_names"] == ["top"] and meta["norm_stats"]["action_std"] == [3.0] * 4
 
     obs = observation(cfg)
-    original = TorchPolicy(model, stats).infer(obs)["actions"]
-    restored = TorchPolicy.from_checkpoint(tmp_path / "ckpt").infer(obs)["actions"]
+    original = from_model(model, stats).infer(obs)["actions"]
+    restored = load(tmp_path / "ckpt").infer(obs)["actions"]
     assert np.array_equal(original, restored)
     via_config = load_policy(PolicyConfig(checkpoint=str(tmp_path / "ckpt"))).infer(obs)["actions"]
     assert np.array_equal(original, via_config)
@@ -223,8 +239,8 @@ def test_cuda_requested_without_cuda_fails_clearly():
 
 def test_bfloat16_cpu_runs_close_to_float32():
     obs = observation(preset("tiny"))
-    f32 = TorchPolicy.from_preset("tiny").infer(obs)["actions"]
-    bf16 = TorchPolicy.from_preset("tiny", dtype="bfloat16")
+    f32 = from_preset("tiny").infer(obs)["actions"]
+    bf16 = from_preset("tiny", dtype="bfloat16")
     assert bf16.metadata.backend == "torch-cpu-bf16"
     out = bf16.infer(obs)["actions"]
     assert out.dtype == np.float32 and np.abs(out - f32).max() < 0.25
@@ -235,7 +251,7 @@ def test_training_step_reduces_loss():
     torch.manual_seed(0)
     model = Pi0Model(cfg)
     trainer = Trainer(model, NormStats.identity(cfg.state_dim, cfg.action_dim), lr=3e-3, seed=0)
-    spec = TorchPolicy(Pi0Model(cfg), NormStats.identity(8, 8)).spec
+    spec = from_model(Pi0Model(cfg), NormStats.identity(8, 8)).spec
     rng = np.random.default_rng(0)
     obs = [make_observation(spec, observation(cfg, seed=i)) for i in range(8)]
     # A learnable target: each chunk is the state's first action_dim entries, repeated over the horizon.
@@ -255,7 +271,7 @@ def test_training_step_reduces_loss():
 
 
 def test_spatial_keypoints_find_where_a_feature_fires():
-    from omni_ros.policy.vision import SpatialKeypoints
+    from omni_ros.policy.pi0.vision import SpatialKeypoints
 
     side, width = 6, 8
     kp = SpatialKeypoints(width, side, keypoints=2, out_width=4)
@@ -293,3 +309,19 @@ def test_keypoint_tokens_extend_each_camera():
             model.encode_images(images)
     both = dataclasses.replace(cfg.vision, keypoints_only=False)
     assert both.num_tokens == both.grid_tokens + both.keypoints
+
+
+def test_masked_cameras_and_padding_are_left_out_without_changing_actions():
+    from omni_ros.policy.torch_runner import compact
+
+    policy = from_preset("tiny", seed=0)
+    cfg = policy.processor.cfg
+    obs = observation(cfg, cameras=["base"], prompt="go")  # the wrist camera is declared but absent
+    inputs = policy.processor.inputs([policy.processor.parse(obs)])
+    small = compact(inputs)
+    assert (
+        small.images.shape[1] == 1 and small.tokens.shape[1] == int(inputs.token_mask.sum()) < cfg.tokenizer.max_tokens
+    )
+    compacted = policy.infer(obs)["actions"]
+    policy.runner.compact = False
+    np.testing.assert_allclose(policy.infer(obs)["actions"], compacted, rtol=0, atol=1e-5)

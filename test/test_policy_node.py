@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
-import torch
 
 from helpers.policy_harness import JOINTS, Harness
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture
@@ -105,3 +103,22 @@ def test_dry_run_publishes_chunks_but_no_commands():
         assert h.statuses[-1].dry_run
     finally:
         h.close()
+
+
+def test_inactive_node_publishes_no_chunk_or_command_even_when_asked(harness):
+    from omni_ros.nodes.policy_loop import Chunk
+
+    harness.wait_state("running")
+    harness.node.trigger_deactivate()
+    harness.wait_state("idle")
+    time.sleep(0.2)  # let in-flight messages land
+    chunks, commands = len(harness.chunks), len(harness.commands)
+    # Straight to the publishers, past every gate in the loop: the lifecycle publishers drop both.
+    harness.node._publish_command(np.zeros(3), 1.0)
+    harness.node._publish_chunk(Chunk(99, np.zeros((4, 3), np.float32), 1.0, 0.02, 0.01))
+    harness.wait_state("idle")  # status still flows while inactive
+    assert (len(harness.chunks), len(harness.commands)) == (chunks, commands)
+    harness.node.trigger_activate()
+    harness.wait_state("running")
+    harness.node._publish_chunk(Chunk(99, np.zeros((4, 3), np.float32), 1.0, 0.02, 0.01))
+    assert harness.wait_for(lambda: any(c.chunk_id == 99 for c in harness.chunks), 3.0)

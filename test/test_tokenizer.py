@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from omni_ros.policy.model_config import ModelConfig, TokenizerConfig, preset
-from omni_ros.policy.tokenizer import ByteTokenizer, WordTokenizer, make_tokenizer
+from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.pi0.presets import preset
+from omni_ros.policy.tokenizer import ByteTokenizer, TokenizerConfig, WordTokenizer, make_tokenizer
 from omni_ros.sim.scene import COLORS
 from omni_ros.sim.task import TEMPLATES, make_prompt
 
@@ -41,7 +42,7 @@ def test_word_tokenizer_truncates_and_rejects_bad_vocab():
 def test_make_tokenizer_kinds():
     assert isinstance(make_tokenizer(TokenizerConfig()), ByteTokenizer)
     assert isinstance(make_tokenizer(TokenizerConfig(kind="words", vocab=["x"])), WordTokenizer)
-    with pytest.raises(ValueError, match="'bytes', 'words' or 'sentencepiece'"):
+    with pytest.raises(ValueError, match="'bytes', 'words', 'hf' or 'sentencepiece'"):
         make_tokenizer(TokenizerConfig(kind="bpe"))
 
 

@@ -34,7 +34,7 @@ def ros_node():
     context.try_shutdown()
 
 
-def node_fixture(request, ros_node, tmp_path_factory, namespace: str, expect_in_log: str = "", **tts):
+def node_fixture(request, ros_node, tmp_path_factory, namespace: str, expect_in_log: tuple[str, ...], **tts):
     root = request.config.rootpath
     tmp = tmp_path_factory.mktemp(namespace)
     # Topics of this run only, even if a node of another run shares the domain.
@@ -50,7 +50,8 @@ def node_fixture(request, ros_node, tmp_path_factory, namespace: str, expect_in_
     out = stop_process(proc)
     assert "Traceback" not in out, out
     assert proc.returncode == 0, out
-    assert expect_in_log in out
+    for line in expect_in_log:
+        assert line in out, (line, out)
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +61,21 @@ def espeak_node(request, ros_node, tmp_path_factory):
         ros_node,
         tmp_path_factory,
         "tts_espeak",
+        ("with espeak", "live playback disabled"),
         engine="espeak",
         output_sample_rate=16000,
         wav_dir=str(tmp_path_factory.mktemp("wav")),
         max_text_chars=2000,
         # No sound card here: the node must say so once and carry on.
         playback=True,
-        expect_in_log="live playback disabled",
     )
 
 
 @pytest.fixture(scope="module")
 def piper_node(request, ros_node, tmp_path_factory):
-    yield from node_fixture(request, ros_node, tmp_path_factory, "tts_piper", engine="piper")
+    # The node says which engine it speaks with, and logs the interrupts the tests below make.
+    expected = ("with piper (22050 Hz)", "interrupt: cancelling", " interrupted: ttfa")
+    yield from node_fixture(request, ros_node, tmp_path_factory, "tts_piper", expected, engine="piper")
 
 
 def check_utterance(client: TtsClient, utterance_id: str, interrupted: bool = False) -> np.ndarray:

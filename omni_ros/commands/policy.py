@@ -8,8 +8,8 @@ import sys
 
 
 def _load(args: argparse.Namespace):
-    from omni_ros.config import PolicyConfig
-    from omni_ros.policy.factory import load_policy
+    from omni_ros.backends.factory import load_policy
+    from omni_ros.policy.config import PolicyConfig
 
     config = PolicyConfig(
         preset=args.preset,
@@ -19,45 +19,79 @@ def _load(args: argparse.Namespace):
         seed=args.seed,
         num_steps=args.steps,
         num_threads=args.threads,
+        tokenizer=args.tokenizer,
     )
     return load_policy(config)
 
 
+def describe(checkpoint) -> dict:
+    """What `policy info` reports of a checkpoint read by its layout adapter (family-agnostic fields)."""
+    cfg, stats = checkpoint.config, checkpoint.norm_stats
+    return {
+        "layout": checkpoint.layout,
+        "family": checkpoint.family + (f" ({cfg.variant})" if getattr(cfg, "variant", None) else ""),
+        "cameras": list(cfg.camera_names),
+        "image_size": cfg.vision.image_size,
+        "state_dim": cfg.state_dim,
+        "action_dim": cfg.action_dim,
+        "model_widths": [
+            getattr(cfg, "model_state_dim", cfg.state_dim),
+            getattr(cfg, "model_action_dim", cfg.action_dim),
+        ],
+        "action_horizon": cfg.action_horizon,
+        "num_steps": cfg.num_steps,
+        "normalization": {"state": stats.state_mode, "action": stats.action_mode, "epsilon": stats.eps_rule},
+        "tokenizer": {
+            "kind": cfg.tokenizer.kind,
+            "max_tokens": cfg.tokenizer.max_tokens,
+            "source": checkpoint.tokenizer_source or "built in",
+        },
+    }
+
+
 def run_info(args: argparse.Namespace) -> int:
-    from omni_ros.policy.model import Pi0Model, count_parameters
-    from omni_ros.policy.model_config import preset
-
-    if args.checkpoint:
-        from omni_ros.policy.checkpoint import read_checkpoint_config
-
-        cfg, stats, extra = read_checkpoint_config(args.checkpoint)
-    else:
-        cfg, stats, extra = preset(args.preset), None, {}
     import torch
 
-    # The meta device builds even pi0-sized models without allocating their weights.
-    with torch.device("meta"):
-        params = count_parameters(Pi0Model(cfg))
+    from omni_ros.policy import families, layouts
+    from omni_ros.policy.pi0.modeling import count_parameters
+    from omni_ros.policy.pi0.presets import build_preset, preset
+
+    if args.checkpoint:
+        checkpoint = layouts.read(args.checkpoint, tokenizer=args.tokenizer)
+        cfg, extra = checkpoint.config, checkpoint.extra
+        summary = describe(checkpoint)
+        stats = vars(checkpoint.norm_stats)
+        # The meta device builds even pi0-sized models without allocating their weights.
+        with torch.device("meta"):
+            params = count_parameters(families.get(checkpoint.family).build_model(cfg))
+    else:
+        cfg, extra, stats = preset(args.preset), {}, None
+        summary = {"layout": "preset", "family": "pi0", "cameras": list(cfg.camera_names)}
+        with torch.device("meta"):
+            params = count_parameters(build_preset(args.preset))
     info = {
         "source": args.checkpoint or f"preset {args.preset} (random weights)",
+        **summary,
         "parameters": params,
-        "prefix_tokens": cfg.prefix_len,
-        "image_tokens_per_camera": cfg.vision.num_tokens,
+        "prefix_tokens": getattr(cfg, "prefix_len", None),
         "config": cfg.to_dict(),
-        "norm_stats": None if stats is None else vars(stats),
+        "norm_stats": stats,
         "extra": extra,
     }
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info, indent=2, default=str))
         return 0
-    print(f"source:      {info['source']}")
-    print(
-        f"cameras:     {', '.join(cfg.camera_names)} ({cfg.vision.image_size}px tile, "
-        f"{cfg.vision.num_tokens} tokens each)"
-    )
+    print(f"source:       {info['source']}")
+    print(f"layout:       {summary['layout']}, family {summary['family']}")
+    print(f"cameras:      {', '.join(cfg.camera_names)} ({cfg.vision.image_size}px tile each)")
     print(f"state/action: {cfg.state_dim} -> {cfg.action_horizon} x {cfg.action_dim} (dt {cfg.action_dt} s)")
-    print(f"prefix:      {cfg.prefix_len} tokens ({cfg.tokenizer.max_tokens} prompt, tokenizer {cfg.tokenizer.kind})")
-    print(f"sampler:     {cfg.num_steps} Euler steps")
+    if args.checkpoint:
+        norm, tok = summary["normalization"], summary["tokenizer"]
+        widths = summary["model_widths"]
+        print(f"model widths: state {widths[0]}, action {widths[1]} (zero-padded / truncated at the robot's dims)")
+        print(f"normalize:    state {norm['state']}, action {norm['action']} ({norm['epsilon']} epsilon)")
+        print(f"tokenizer:    {tok['kind']}, {tok['max_tokens']} tokens, from {tok['source']}")
+    print(f"sampler:      {cfg.num_steps} Euler steps")
     for part, count in params.items():
         print(f"params {part:>9}: {count:,} ({count / 1e6:.1f}M)")
     return 0
@@ -110,10 +144,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--checkpoint", help="checkpoint directory (config.json + model.safetensors)")
+        q.add_argument(
+            "--checkpoint",
+            help="checkpoint folder: omni_ros's, a LeRobot save_pretrained folder (pi0, pi05) or an openpi PyTorch one",
+        )
         q.add_argument("--preset", default="small", help="built-in architecture when no checkpoint (tiny, small, pi0)")
+        q.add_argument(
+            "--tokenizer",
+            help="tokenizer.json / tokenizer.model (or its folder) for a LeRobot or openpi checkpoint that ships none",
+        )
 
-    info = actions.add_parser("info", help="a checkpoint's (or preset's) config and parameter count")
+    info = actions.add_parser(
+        "info",
+        help="a checkpoint's layout, family, cameras, dims, normalization, tokenizer and parameter count",
+    )
     common(info)
     info.add_argument("--json", action="store_true", help="print everything as JSON")
     info.set_defaults(func=run_info)

@@ -15,8 +15,8 @@ def _sim_config(args: argparse.Namespace) -> Any:
 
 
 def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str | None) -> Any:
-    from omni_ros.config import PolicyConfig
-    from omni_ros.policy.factory import load_policy
+    from omni_ros.backends.factory import load_policy
+    from omni_ros.policy.config import PolicyConfig
 
     config = PolicyConfig(
         checkpoint=checkpoint,
@@ -29,10 +29,10 @@ def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str |
 
 
 def run_collect(args: argparse.Namespace) -> int:
-    from omni_ros.config import to_dict
     from omni_ros.progress import Progress
     from omni_ros.sim.collect import CollectOptions, collect
     from omni_ros.sim.dataset import DatasetMeta, DatasetWriter
+    from omni_ros.typed_config import to_dict
 
     config = _sim_config(args)
     sim = config.sim
@@ -118,16 +118,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _random_like(policy: Any) -> Any:
-    """The same architecture with seeded random weights and the same normalization: the chance baseline."""
-    import torch
+    """The same architecture with seeded random weights and the same normalization: the chance baseline
+    (None for a policy whose architecture is not known here, e.g. a remote one)."""
+    from omni_ros.policy.loading import from_model
+    from omni_ros.policy.pi0.presets import seeded_model
+    from omni_ros.policy.pi0.processing import Pi0Processor
 
-    from omni_ros.policy.model import Pi0Model
-    from omni_ros.policy.torch_policy import TorchPolicy
+    if not isinstance(getattr(policy, "processor", None), Pi0Processor):
+        return None
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1234)
-        model = Pi0Model(policy.cfg)
-    return TorchPolicy(model, policy.norm_stats, device=str(policy.device), name=f"{policy.cfg.name} (random weights)")
+    cfg, stats = policy.processor.cfg, policy.processor.norm_stats
+    return from_model(
+        seeded_model(cfg, 1234), stats, device=str(policy.runner.device), name=f"{cfg.name} (random weights)"
+    )
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -138,7 +141,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.checkpoint or args.preset:
         policy = _policy(args, args.checkpoint, args.preset)
     else:
-        from omni_ros.policy.factory import load_policy
+        from omni_ros.backends.factory import load_policy
 
         if args.threads:
             config.policy.num_threads = args.threads
@@ -168,8 +171,8 @@ def run_eval(args: argparse.Namespace) -> int:
         video_episodes=args.video_episodes if args.video else 0,
     )
     candidates = [(meta.model, policy)]
-    if args.baseline and hasattr(policy, "cfg"):
-        baseline = _random_like(policy)
+    baseline = _random_like(policy) if args.baseline else None
+    if baseline is not None:
         candidates.append((baseline.metadata.model, baseline))
     report["results"] = []
     for name, p in candidates:
@@ -237,8 +240,3 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     e.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     e.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     e.set_defaults(func=run_eval)
-
-
-def _print_json(data: dict) -> None:
-    json.dump(data, sys.stdout, indent=2)
-    sys.stdout.write("\n")

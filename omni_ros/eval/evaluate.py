@@ -28,8 +28,8 @@ class Evaluation:
 
 def load_eval_policy(config: OmniConfig) -> Policy:
     """The policy the node would run, shaped to the robot's joints and the evaluated cameras."""
+    from omni_ros.backends.factory import load_policy
     from omni_ros.eval.replay import TopicMap
-    from omni_ros.policy.factory import load_policy
 
     tm = TopicMap.from_config(config)
     joints = len(config.robot.joint_names)

@@ -14,18 +14,9 @@ from typing import Any
 import numpy as np
 
 from omni_ros.eval.bag import FLOAT64_ARRAY, JOINT_STATE, JOINT_TRAJECTORY
+from omni_ros.ros_convert import message_stamp
 
 COMMAND_TYPES = (JOINT_TRAJECTORY, JOINT_STATE, FLOAT64_ARRAY)
-
-
-def stamp_of(msg: Any, log_time: float, use_header: bool) -> float:
-    """The header stamp (what a node sees) unless disabled or zero; else the log time."""
-    header = getattr(msg, "header", None)
-    if use_header and header is not None:
-        t = header.stamp.sec + header.stamp.nanosec * 1e-9
-        if t > 0:
-            return t
-    return log_time
 
 
 class Track:
@@ -104,7 +95,7 @@ class GroundTruthCollector:
         return len(self._times) + len(self._plans)
 
     def add(self, msg: Any, log_time: float) -> None:
-        stamp = stamp_of(msg, log_time, self.use_header_stamps)
+        stamp = message_stamp(msg, log_time, self.use_header_stamps)
         if self.msgtype == JOINT_TRAJECTORY:
             self._add_trajectory(msg, stamp)
         elif self.msgtype == JOINT_STATE:

@@ -1,15 +1,15 @@
 """Offline replay: bag messages -> the policy node's ObservationAssembler -> Policy -> scored chunks.
 
-Messages are fed in log-time order (the order a subscriber would have received them) with their header
-stamps, exactly as the policy node's callbacks do; an inference instant asks the assembler for an
-observation at that instant, so its staleness rules decide which instants are evaluated (the others are
-counted, with the reason). Each episode's predictions are scored against its recorded ground truth.
+Messages are fed in log-time order (the order a subscriber would have received them) through the
+`MessageFeed` the policy node's callbacks use, so frames are converted, stamped and refused exactly as on
+the robot; an inference instant asks the assembler for an observation at that instant, so its staleness
+rules decide which instants are evaluated (the others are counted, with the reason). Each episode's
+predictions are scored against its recorded ground truth.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -22,11 +22,11 @@ from omni_ros.assembler import ObservationAssembler, StaleInput
 from omni_ros.config import OmniConfig
 from omni_ros.eval.bag import COMPRESSED_IMAGE, IMAGE, JOINT_STATE, STRING, Bag, BagProblems
 from omni_ros.eval.errors import EvalError, TopicError
-from omni_ros.eval.groundtruth import COMMAND_TYPES, GroundTruthCollector, Track, stamp_of
+from omni_ros.eval.groundtruth import COMMAND_TYPES, GroundTruthCollector, Track
 from omni_ros.eval.metrics import Prediction, Scores, score_episode
+from omni_ros.feed import MessageFeed
 from omni_ros.policy.base import Policy
 from omni_ros.progress import Progress
-from omni_ros.ros_convert import ImageError, compressed_to_rgb, image_to_rgb
 
 THUMBNAIL_WIDTH = 192
 # Report frame candidates: the first evaluated instant of each episode, then one every this many seconds.
@@ -51,17 +51,9 @@ class TopicMap:
     @classmethod
     def from_config(cls, config: OmniConfig) -> TopicMap:
         ev = config.eval
+        # The config checked the cameras, the trigger camera and the rates when it was built.
         cameras = [(c.name, c.topic) for c in ev.cameras] or [(c.name, c.topic) for c in config.topics.cameras]
-        if not cameras:
-            raise EvalError("no cameras configured (eval.cameras or topics.cameras)")
-        names = [n for n, _ in cameras]
-        trigger = ev.trigger_camera or names[0]
-        if trigger not in names:
-            raise EvalError(f"eval.trigger_camera '{trigger}' is not one of the cameras {names}")
-        if ev.every_k_frames < 1:
-            raise EvalError(f"eval.every_k_frames must be >= 1, got {ev.every_k_frames}")
-        if ev.rate_hz < 0:
-            raise EvalError(f"eval.rate_hz must be >= 0, got {ev.rate_hz}")
+        trigger = ev.trigger_camera or cameras[0][0]
         gt = ev.ground_truth
         joint_states = ev.joint_states or config.topics.joint_states
         gt_topic = joint_states if gt.source == "joint_states" else (gt.topic or config.control.command_topic)
@@ -184,11 +176,6 @@ class ReplayResult:
     action_dt: float
 
 
-def short_reason(text: str) -> str:
-    """A skip reason without its numbers, so reasons group: "camera 'base' is stale (0.62 s old > 0.5 s)"."""
-    return re.sub(r"\s*\([^)]*\d[^)]*\)", "", text).strip()
-
-
 def _thumbnail(image: np.ndarray) -> np.ndarray:
     import cv2
 
@@ -300,12 +287,12 @@ class Replayer:
     ) -> int:
         ev = self.config.eval
         tm = self.topics
-        use_header = ev.use_header_stamps
         cameras = {topic: name for name, topic in tm.cameras}
         rate = ev.rate_hz
         read_topics = set(types)
 
         assembler = self._new_assembler(None)
+        feed = MessageFeed(assembler)  # the first message opens an episode, which brings its own feed
         episode: Episode | None = None
         trigger_frames = 0
         # Fixed-rate instants are episode start + n / rate (counted, so long bags do not drift).
@@ -332,7 +319,7 @@ class Replayer:
                 assembled = assembler.assemble(now)
             except StaleInput as exc:
                 timing.assemble_s += time.perf_counter() - t_start
-                episode.skipped[short_reason(str(exc))] += 1
+                episode.skipped[exc.problem.summary] += 1
                 return
             timing.assemble_s += time.perf_counter() - t_start
             t_infer = time.perf_counter()
@@ -381,6 +368,7 @@ class Replayer:
                 if episode is not None:
                     assembler = self._new_assembler(prompt)
                 episode = self._new_episode(bag, types, t, len(episodes))
+                feed = MessageFeed(assembler, use_header_stamps=ev.use_header_stamps, image_errors=episode.image_errors)
                 trigger_frames = 0
                 last_frame_t = -math.inf
                 n_instant = 0
@@ -397,13 +385,7 @@ class Replayer:
             t_asm = time.perf_counter()
             name = cameras.get(topic)
             if name is not None:
-                try:
-                    rgb = compressed_to_rgb(msg) if types[topic] == COMPRESSED_IMAGE else image_to_rgb(msg)
-                except ImageError as exc:
-                    episode.image_errors[f"camera '{name}': {exc}"] += 1
-                    timing.assemble_s += time.perf_counter() - t_asm
-                    continue
-                accepted = assembler.add_image(name, rgb, stamp_of(msg, t, use_header))
+                accepted = feed.image(name, msg, t, compressed=types[topic] == COMPRESSED_IMAGE)
                 timing.assemble_s += time.perf_counter() - t_asm
                 if accepted and rate <= 0 and name == tm.trigger_camera:
                     if trigger_frames % ev.every_k_frames == 0:
@@ -411,11 +393,10 @@ class Replayer:
                     trigger_frames += 1
             else:
                 if topic == tm.joint_states:
-                    assembler.add_joint_state(list(msg.name), list(msg.position), stamp_of(msg, t, use_header))
+                    feed.joint_state(msg, t)
                 elif topic == tm.prompt_topic and tm.read_prompt_topic:
-                    # The node stamps a prompt with its arrival time.
-                    prompt = (msg.data, t)
-                    assembler.add_prompt(msg.data, t)
+                    prompt = (msg.data, t)  # latched into the next episode's assembler
+                    feed.prompt(msg, t)
                 timing.assemble_s += time.perf_counter() - t_asm
             if topic == tm.ground_truth:
                 episode.gt.add(msg, t)

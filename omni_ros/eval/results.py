@@ -96,7 +96,8 @@ def build_document(
         "schema_version": SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mode": mode,
-        "policy": metadata.to_dict(),
+        # What the robot sees of the policy (schema v2); the sampler's noise shape is not part of it.
+        "policy": {k: v for k, v in metadata.to_dict().items() if k != "noise_shape"},
         "joint_names": list(joints),
         "settings": settings(config),
         "bags": [b.to_dict() for b in result.bags],

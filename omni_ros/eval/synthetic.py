@@ -213,7 +213,7 @@ class OraclePolicy(_ReferencePolicy):
         self.offset_s = offset_s
         self.stamps: list[float] = []
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+    def infer(self, obs: dict[str, Any], *, noise: Any = None) -> dict[str, Any]:
         self.calls += 1
         t0 = self.observation_time(obs)
         self.stamps.append(t0)
@@ -230,7 +230,7 @@ class ConstantPolicy(_ReferencePolicy):
         self.value = np.asarray(value, dtype=np.float32)
         self.stamps: list[float] = []
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+    def infer(self, obs: dict[str, Any], *, noise: Any = None) -> dict[str, Any]:
         self.calls += 1
         self.stamps.append(self.observation_time(obs))
         return {"actions": np.tile(self.value, (self.metadata.action_horizon, 1))}

@@ -1,4 +1,7 @@
-"""Policy -> one `.pte` with named methods for a target backend, plus its sidecar JSON."""
+"""Policy -> one `.pte` with named methods for a target backend, plus its sidecar JSON.
+
+The ONNX targets (onnx, qnn-onnx) write a folder of ONNX graphs instead (`omni_ros.export.onnx_export`).
+"""
 
 from __future__ import annotations
 
@@ -19,10 +22,10 @@ from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
 from omni_ros.export.quantize import QUANTIZE, quantize_model
 from omni_ros.export.report import delegation_report
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
-from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pi0.modeling import Pi0Model
 
-TARGETS = ("xnnpack", "qnn", "cuda")
+TARGETS = ("xnnpack", "qnn", "cuda", "onnx", "qnn-onnx")
 log = logging.getLogger(__name__)
 
 
@@ -47,6 +50,15 @@ def check_export_target(target: str, quantize: str, qnn: QnnOptions | None = Non
         if quantize != "none":
             raise ValueError("QNN quantizes with its own calibrated recipe: use --qnn-precision, not --quantize")
         find_qnn_sdk()
+    elif target in ("onnx", "qnn-onnx"):
+        if quantize != "none":
+            raise ValueError(f"--quantize is for xnnpack; --target {target} takes --qnn-precision (qnn-onnx) or none")
+        from omni_ros.export.ort_session import import_onnxruntime, qnn_ep_devices
+
+        ort = import_onnxruntime()
+        if target == "qnn-onnx":
+            (qnn or QnnOptions()).validate()
+            qnn_ep_devices(ort)  # the HTP compiler: a missing qnn extra fails here, before any tracing
     elif target == "cuda":
         from omni_ros.export.cuda import check_cuda_export
 
@@ -67,10 +79,12 @@ def export_policy(
     name: str | None = None,
     tokenizer_file: str | Path | None = None,
     qnn: QnnOptions | None = None,
+    calibration: str = "sim",
 ) -> ExportResult:
     """Export `methods` of `model` to `out` (.pte) and write `out`.json beside it.
 
     The model is copied, switched to its export forms and quantized; the caller's model is untouched.
+    For the ONNX targets `out` is a folder; qnn-onnx calibrates on `calibration` (sim, random or a dataset).
     """
     check_export_target(target, quantize, qnn)
     unknown = [m for m in methods if m not in METHODS]
@@ -81,6 +95,8 @@ def export_policy(
     cfg = model.cfg
     steps = num_steps or cfg.num_steps
     start = time.perf_counter()
+    if target in ("onnx", "qnn-onnx"):
+        return _export_onnx(model, norm_stats, out, target, methods, steps, name, tokenizer_file, qnn, calibration)
     timings: dict[str, float] = {}
     work = use_export_forms(copy.deepcopy(model).float().eval())
     target_options: dict[str, Any] = {}
@@ -144,29 +160,60 @@ def export_policy(
     return ExportResult(out, sidecar_path(out), report, seconds, out.stat().st_size, timings)
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, **kwargs: Any) -> ExportResult:
-    """Export a checkpoint directory (weights, norm stats and its tokenizer file if any)."""
-    from omni_ros.policy.checkpoint import load_checkpoint
+def _export_onnx(model, norm_stats, out, target, methods, steps, name, tokenizer_file, qnn, calibration):
+    from dataclasses import replace
 
-    checkpoint = Path(checkpoint)
-    model, stats, _ = load_checkpoint(checkpoint)
-    tokenizer = None
-    if model.cfg.tokenizer.kind != "bytes" and model.cfg.tokenizer.path:
-        tokenizer = Path(model.cfg.tokenizer.path)
-        tokenizer = tokenizer if tokenizer.is_absolute() else checkpoint / tokenizer
-    kwargs.setdefault("name", checkpoint.name)
-    return export_policy(model, stats, out, tokenizer_file=tokenizer, **kwargs)
+    from omni_ros.export.onnx_export import export_onnx
+    from omni_ros.export.sidecar import ONNX_SIDECAR
+    from omni_ros.policy.tokenizer import make_tokenizer
+
+    start = time.perf_counter()
+    tokenizer_cfg = model.cfg.tokenizer
+    if tokenizer_file is not None:
+        tokenizer_cfg = replace(tokenizer_cfg, path=str(tokenizer_file))
+    sidecar, timings = export_onnx(
+        model,
+        norm_stats,
+        out,
+        target=target,
+        methods=tuple(methods),
+        num_steps=steps,
+        name=name or model.cfg.name,
+        tokenizer_file=tokenizer_file,
+        qnn=qnn,
+        calibration=calibration,
+        tokenizer=make_tokenizer(tokenizer_cfg),
+    )
+    seconds = time.perf_counter() - start
+    size = sum(d["bytes"] for d in sidecar.files.values())
+    log.info("exported %s (%s, %s) in %.1f s", out, target, sidecar.quantize, seconds)
+    return ExportResult(out, out / ONNX_SIDECAR, sidecar.delegation, seconds, size, timings)
+
+
+def export_checkpoint(
+    checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None, **kwargs: Any
+) -> ExportResult:
+    """Export a checkpoint folder of any layout (weights, norm stats and its tokenizer file if any)."""
+    from omni_ros.policy import families, layouts
+
+    path = Path(checkpoint)
+    read = layouts.read(path, tokenizer=tokenizer)
+    model = layouts.build_model(read, lambda: families.get(read.family).build_model(read.config))
+    tokenizer_file = None
+    if read.config.tokenizer.kind not in ("bytes", "words") and read.config.tokenizer.path:
+        tokenizer_file = Path(read.config.tokenizer.path)
+        tokenizer_file = tokenizer_file if tokenizer_file.is_absolute() else path / tokenizer_file
+    kwargs.setdefault("name", path.name)
+    return export_policy(model, read.norm_stats, out, tokenizer_file=tokenizer_file, **kwargs)
 
 
 def export_preset(preset_name: str, out: str | Path, weights_seed: int = 0, **kwargs: Any) -> ExportResult:
-    """Export a built-in architecture with seeded random weights (the same weights `TorchPolicy.from_preset` builds)."""
-    from omni_ros.policy.model_config import preset
+    """Export a built-in architecture with seeded random weights (the same weights `from_preset` builds)."""
+    from omni_ros.policy.pi0.presets import build_preset
 
     overrides = {k: kwargs.pop(k) for k in ("camera_names", "state_dim", "action_dim") if k in kwargs}
-    cfg = preset(preset_name, **overrides)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(weights_seed)
-        model = Pi0Model(cfg)
+    model = build_preset(preset_name, weights_seed, **overrides)
+    cfg = model.cfg
     kwargs.setdefault("name", f"{preset_name} (random weights)")
     return export_policy(model, NormStats.identity(cfg.state_dim, cfg.action_dim), out, **kwargs)
 

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.pi0.modeling import Pi0Model
 
 METHODS = ("encode_images", "prefill", "denoise_step", "sample")
 STAGED = ("encode_images", "prefill", "denoise_step")
@@ -80,9 +81,7 @@ class Prefill(nn.Module):
     def forward(
         self, image_tokens: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor, token_mask: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        backbone = self.model.backbone
-        prefix = torch.cat([image_tokens, backbone.embed_text(tokens).to(image_tokens.dtype)], dim=1)
-        mask = prefix_mask_of(image_masks, token_mask, self.model.cfg.vision.num_tokens)
+        prefix, mask = self.model.join_prefix(image_tokens, image_masks, tokens, token_mask)
         return tuple(t for kv in self.model.prefill(prefix, mask) for t in kv)
 
 
@@ -112,7 +111,8 @@ class Sample(nn.Module):
         state: torch.Tensor,
         noise: torch.Tensor,
     ) -> torch.Tensor:
-        return self.model.sample(images, image_masks, tokens, token_mask, state, noise, num_steps=self.num_steps)
+        inputs = ModelInputs(images, image_masks, tokens, token_mask, state)
+        return self.model.sample(inputs, noise, num_steps=self.num_steps)
 
 
 def signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignature]:
@@ -125,8 +125,8 @@ def signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignature]:
     image_masks = TensorSpec("image_masks", (batch, c), "bool")
     tokens = TensorSpec("tokens", (batch, t), "int64")
     token_mask = TensorSpec("token_mask", (batch, t), "bool")
-    state = TensorSpec("state", (batch, cfg.state_dim), "float32")
-    chunk = (batch, cfg.action_horizon, cfg.action_dim)
+    state = TensorSpec("state", (batch, cfg.model_state_dim), "float32")
+    chunk = (batch, cfg.action_horizon, cfg.model_action_dim)
     image_tokens = TensorSpec("image_tokens", (batch, c * v, w), "float32")
     specs = [
         MethodSignature(

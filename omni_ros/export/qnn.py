@@ -20,8 +20,9 @@ import torch
 
 from omni_ros.errors import OmniRosError
 from omni_ros.export.methods import MethodSignature, method_module, signatures
-from omni_ros.policy.model import Pi0Model
-from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.pi0.modeling import Pi0Model
 from omni_ros.policy.sampler import euler_sample
 
 # Snapdragon SoCs with an HTP (Hexagon tensor processor) and its architecture version.
@@ -36,6 +37,20 @@ SOC_HTP_ARCH = {
     "QCS9100": "V73",  # robotics / IoT
     "QCM6490": "V68",  # robotics RB3 Gen 2
     "SA8295": "V68",  # automotive
+}
+# QNN's SoC model numbers (the `soc_model` of the HTP backend and of ONNX Runtime's QNN EP), the same as
+# ExecuTorch's QcomChipset values. The HTP compiles for one SoC: a context binary runs only there.
+SOC_MODEL = {
+    "SM8450": 36,
+    "SM8475": 42,
+    "SM8550": 43,
+    "SM8650": 57,
+    "SM8750": 69,
+    "SM8850": 87,
+    "SC8380XP": 60,
+    "QCS9100": 77,
+    "QCM6490": 93,
+    "SA8295": 39,
 }
 # The quantization each precision needs: the HTP runs integer graphs; fp16 needs a premium SoC (V73+).
 PRECISIONS = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "fp16": None}
@@ -109,11 +124,38 @@ def qnn_plan(cfg: ModelConfig, options: QnnOptions, methods: tuple[str, ...] | l
     }
 
 
-def calibration_inputs(model: Pi0Model, methods: list[str] | tuple[str, ...], samples: int, seed: int = 0):
-    """Per method, `samples` input tuples produced by running the eager model on random observations.
+def random_model_inputs(cfg: ModelConfig, samples: int, gen: torch.Generator) -> list[ModelInputs]:
+    """Random observations as model inputs (batch 1): pixels in [-1, 1], a prompt of random length, a state."""
+    sigs: dict[str, MethodSignature] = signatures(cfg)
+    out = []
+    for _ in range(samples):
+        tokens = torch.randint(0, min(cfg.vocab_size, 256), sigs["prefill"].inputs[2].shape, generator=gen)
+        token_mask = torch.zeros(tokens.shape, dtype=torch.bool)
+        token_mask[:, : 1 + int(torch.randint(1, tokens.shape[1], (1,), generator=gen))] = True
+        out.append(
+            ModelInputs(
+                images=torch.rand(sigs["encode_images"].inputs[0].shape, generator=gen) * 2 - 1,
+                image_masks=torch.ones(sigs["prefill"].inputs[1].shape, dtype=torch.bool),
+                tokens=tokens,
+                token_mask=token_mask,
+                state=torch.randn(sigs["denoise_step"].inputs[1].shape, generator=gen),
+            )
+        )
+    return out
 
-    Each stage is calibrated on what the stage before it really produces (image tokens, a KV cache,
-    the states of the Euler loop), not on unrelated random tensors.
+
+def calibration_inputs(
+    model: Pi0Model,
+    methods: list[str] | tuple[str, ...],
+    samples: int,
+    seed: int = 0,
+    inputs: list[ModelInputs] | None = None,
+):
+    """Per method, input tuples produced by running the eager model on observations.
+
+    `inputs` are model inputs of real observations (batch 1, `omni_ros.export.calibration`); without them,
+    `samples` random observations. Each stage is calibrated on what the stage before it really produces
+    (image tokens, a KV cache, the states of the Euler loop), not on unrelated random tensors.
     """
     cfg = model.cfg
     sigs: dict[str, MethodSignature] = signatures(cfg)
@@ -122,13 +164,8 @@ def calibration_inputs(model: Pi0Model, methods: list[str] | tuple[str, ...], sa
     encode, prefill = method_module(model, "encode_images"), method_module(model, "prefill")
     denoise = method_module(model, "denoise_step")
     with torch.no_grad():
-        for _ in range(samples):
-            images = torch.rand(sigs["encode_images"].inputs[0].shape, generator=gen) * 2 - 1
-            masks = torch.ones(sigs["prefill"].inputs[1].shape, dtype=torch.bool)
-            tokens = torch.randint(0, min(cfg.vocab_size, 256), sigs["prefill"].inputs[2].shape, generator=gen)
-            token_mask = torch.zeros(tokens.shape, dtype=torch.bool)
-            token_mask[:, : 1 + int(torch.randint(1, tokens.shape[1], (1,), generator=gen))] = True
-            state = torch.randn(sigs["denoise_step"].inputs[1].shape, generator=gen)
+        for observed in inputs if inputs is not None else random_model_inputs(cfg, samples, gen):
+            images, masks, tokens, token_mask, state = observed.as_tuple()
             noise = torch.randn(sigs["sample"].inputs[-1].shape, generator=gen)
             prompt = (tokens, token_mask) if cfg.vision.film else ()
             image_tokens = encode(images, *prompt)

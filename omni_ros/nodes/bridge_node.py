@@ -28,7 +28,7 @@ class BridgeNode(Node):
         canonical = config.serve.keymap == CANONICAL
         keymap = None if canonical else load_keymap(config.serve.keymap)
         if policy is None:
-            from omni_ros.policy.factory import load_policy
+            from omni_ros.backends.factory import load_policy
 
             policy = load_policy(
                 config.policy,

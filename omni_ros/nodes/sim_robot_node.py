@@ -31,6 +31,7 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from omni_ros.config import OmniConfig
+from omni_ros.ros_convert import rgb_to_image
 from omni_ros.sim.env import SimEnv
 
 # Reliable publishers serve both reliable and best-effort (sensor-data) subscribers.
@@ -46,10 +47,7 @@ class SimRobotNode(Node):
 
     def __init__(self, config: OmniConfig, node_name: str = "omni_ros_sim", seed: int | None = None, **kwargs) -> None:
         sim = config.sim
-        env = SimEnv(sim)  # invalid sim settings fail here, before any ROS entity exists
-        for name, rate in (("camera_rate_hz", sim.camera_rate_hz), ("joint_state_rate_hz", sim.joint_state_rate_hz)):
-            if not rate > 0:
-                raise ValueError(f"sim.{name} must be positive, got {rate}")
+        env = SimEnv(sim)  # SimConfig checked its settings; the env fails here, before any ROS entity exists
         super().__init__(node_name, **kwargs)
         self.config = config
         self.env = env
@@ -147,15 +145,8 @@ class SimRobotNode(Node):
         self._advance()
         stamp = self.get_clock().now().to_msg()
         for camera, frame in self.env.render().items():
-            msg = Image()
+            msg = rgb_to_image(frame, Image(), frame_id=f"{camera}_camera")
             msg.header.stamp = stamp
-            msg.header.frame_id = f"{camera}_camera"
-            msg.height, msg.width = int(frame.shape[0]), int(frame.shape[1])
-            msg.encoding = "rgb8"
-            msg.is_bigendian = 0
-            msg.step = int(frame.shape[1] * 3)
-            # bytes, not the ndarray: rclpy converts an array element by element (~60x slower).
-            msg.data = frame.tobytes()
             self._image_pubs[camera].publish(msg)
             self.frames_published += 1
 
@@ -193,7 +184,7 @@ class SimRobotNode(Node):
 
 def main(argv: Sequence[str] | None = None) -> int:
     from omni_ros.config import ConfigError, load_config
-    from omni_ros.ros_env import default_to_localhost, spin_until_shutdown
+    from omni_ros.ros_env import run_node
 
     parser = argparse.ArgumentParser(prog="sim_robot_node", description="omni_ros simulated robot")
     parser.add_argument("--config", help="omni_ros YAML config (its sim: and control: sections are used)")
@@ -206,13 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"sim_robot_node: config error: {exc}", file=sys.stderr)
         return 2
-
-    default_to_localhost()
-    import rclpy
-
-    rclpy.init(args=["sim_robot_node", *ros_args])
-    spin_until_shutdown(SimRobotNode(config, seed=args.seed), duration=args.duration)
-    return 0
+    return run_node(
+        "sim_robot_node", lambda: SimRobotNode(config, seed=args.seed), ros_args, (ValueError,), duration=args.duration
+    )
 
 
 if __name__ == "__main__":

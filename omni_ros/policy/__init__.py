@@ -1,5 +1,30 @@
-"""The pi0-style VLA policy: model parts, sampler, checkpoints, and the Policy contract."""
+"""Policies: the `Policy` contract, the one inference path, model families and checkpoint layouts.
 
-from omni_ros.policy.base import BasePolicy, Policy, PolicyMetadata
+    base.py        Policy / PolicyMetadata: what every entry point (node, bridge, evaluator) holds
+    pipeline.py    InferencePipeline: observation -> processor -> runner.sample -> actions (every backend)
+    inputs.py      ModelInputs: the one struct a model takes
+    torch_runner.py  eager PyTorch runner (CPU / CUDA); other runners live in omni_ros.backends
+    families.py    model families (pi0/ ...), each a folder: configuration, modules, processing
+    layouts/       checkpoint folders (omni_ros ...) -> family config, weights, norm stats, tokenizer
+    loading.py     load(path) / from_preset(name) / from_model(model, stats)
+    sampler.py, normalize.py, tokenizer.py, layers.py, train.py   shared pieces
 
-__all__ = ["BasePolicy", "Policy", "PolicyMetadata"]
+Kept import-light: `omni_ros.config` imports `omni_ros.policy.config`, and the CLI must start without
+loading OpenCV or torch, so the names below are imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["BasePolicy", "Policy", "PolicyMetadata", "from_model", "from_preset", "load"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("load", "from_model", "from_preset"):
+        from omni_ros.policy import loading as module
+    elif name in ("BasePolicy", "Policy", "PolicyMetadata"):
+        from omni_ros.policy import base as module
+    else:
+        raise AttributeError(f"module 'omni_ros.policy' has no attribute {name!r}")
+    return getattr(module, name)

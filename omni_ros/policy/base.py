@@ -1,16 +1,19 @@
 """The Policy contract shared by every backend and every entry point.
 
-    policy.infer({"images": {...}, "state": ..., "prompt": ...})
+    policy.infer({"images": {...}, "state": ..., "prompt": ...}, noise=None)
         -> {"actions": (horizon, action_dim) float32, "policy_timing": {...}}
 
-Backends (torch, ExecuTorch, remote) implement `infer`; callers never know
-which one they hold. `infer_batch` lets a server batch concurrent requests;
-its results must equal calling `infer` on each observation alone.
+`noise`, when given, is the flow-matching noise (action_horizon, model_action_dim),
+openpi's convention; without it a policy draws its own (seeded or not).
+Every backend (torch, ExecuTorch, remote) is an `InferencePipeline`
+(omni_ros.policy.pipeline); callers never know which one they hold.
+`infer_batch` lets a server batch concurrent requests; its results must equal
+calling `infer` on each observation alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,10 +32,14 @@ class PolicyMetadata:
     action_dim: int
     action_horizon: int
     action_dt: float = 0.02
+    # Shape of the explicit noise `infer` takes (action_horizon, model action dim); None: not accepted.
+    noise_shape: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["camera_names"] = list(self.camera_names)
+        if self.noise_shape is not None:
+            data["noise_shape"] = list(self.noise_shape)
         return data
 
 
@@ -41,9 +48,11 @@ class Policy(Protocol):
     spec: ObservationSpec
     metadata: PolicyMetadata
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]: ...
+    def infer(self, obs: Mapping[str, Any], *, noise: Any = None) -> dict[str, Any]: ...
 
-    def infer_batch(self, observations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    def infer_batch(self, observations: Sequence[Mapping[str, Any]], *, noise: Any = None) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
 
 
 class BasePolicy:
@@ -52,11 +61,12 @@ class BasePolicy:
     spec: ObservationSpec
     metadata: PolicyMetadata
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+    def infer(self, obs: Mapping[str, Any], *, noise: Any = None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def infer_batch(self, observations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [self.infer(obs) for obs in observations]
+    def infer_batch(self, observations: Sequence[Mapping[str, Any]], *, noise: Any = None) -> list[dict[str, Any]]:
+        noises = [None] * len(observations) if noise is None else list(noise)
+        return [self.infer(obs, noise=n) for obs, n in zip(observations, noises, strict=True)]
 
     def close(self) -> None:
         """Release resources (threads, connections); safe to call twice."""

@@ -1,67 +1,42 @@
-"""Validated observations -> model input tensors. Shared by inference and training,
-so a policy is trained on exactly the preprocessing it runs with."""
+"""`ModelInputs`: the one struct a model of any family takes, whatever the backend runs it.
+
+A family's processor builds it from validated observations (tiles, prompt
+tokens, normalized state); the torch, ExecuTorch and ONNX runners and the
+training step all consume it, so no stage signature repeats five loose tensors.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
-import numpy as np
 import torch
 
-from omni_ros.observation import Observation
-from omni_ros.policy.model_config import ModelConfig
-from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.tokenizer import Tokenizer
 
+@dataclass(frozen=True)
+class ModelInputs:
+    images: torch.Tensor  # (B, C, 3, S, S) float in [-1, 1]; masked cameras hold the family's blank image
+    image_masks: torch.Tensor  # (B, C) bool: which camera slots hold a real image
+    tokens: torch.Tensor  # (B, T) int64 prompt token ids, padded
+    token_mask: torch.Tensor  # (B, T) bool: which tokens are real
+    state: torch.Tensor  # (B, Ds) float, normalized (and padded where the family pads)
 
-def model_inputs(
-    cfg: ModelConfig,
-    tokenizer: Tokenizer,
-    norm_stats: NormStats,
-    observations: Sequence[Observation],
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> dict[str, torch.Tensor]:
-    """images (B, C, 3, S, S) in [-1, 1], image_masks (B, C), tokens/token_mask (B, T), state (B, Ds) normalized."""
-    names = cfg.camera_names
-    images = np.stack([np.stack([o.images[n] for n in names]) for o in observations])  # (B, C, S, S, 3) uint8
-    masks = np.array([[o.image_masks[n] for n in names] for o in observations], dtype=bool)
-    encoded = [tokenizer.encode(o.prompt, cfg.tokenizer.max_tokens) for o in observations]
-    states = np.stack([norm_stats.normalize_state(o.state) for o in observations])
-    pixels = torch.from_numpy(images).to(device).permute(0, 1, 4, 2, 3).to(dtype) / 127.5 - 1.0
-    return {
-        "images": pixels,
-        "image_masks": torch.from_numpy(masks).to(device),
-        "tokens": torch.from_numpy(np.stack([t for t, _ in encoded])).to(device),
-        "token_mask": torch.from_numpy(np.stack([m for _, m in encoded])).to(device),
-        "state": torch.from_numpy(states).to(device, dtype),
-    }
+    @property
+    def batch_size(self) -> int:
+        return int(self.state.shape[0])
 
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> ModelInputs:
+        """On `device`, with the float tensors (images, state) in `dtype` if given; ids and masks keep theirs."""
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            floating = value.is_floating_point() and dtype is not None
+            moved[f.name] = value.to(device, dtype) if floating else value.to(device)
+        return ModelInputs(**moved)
 
-def action_targets(cfg: ModelConfig, norm_stats: NormStats, actions: np.ndarray, states: np.ndarray) -> np.ndarray:
-    """Robot-unit chunks (B, H, action_dim) -> the normalized targets the model learns.
+    def select(self, index: int) -> ModelInputs:
+        """Batch item `index` alone, as a batch of one."""
+        return ModelInputs(**{f.name: getattr(self, f.name)[index : index + 1] for f in fields(self)})
 
-    With `relative_actions`, the target is the chunk minus the state the model sees (B, state_dim), per joint and
-    broadcast over the horizon; `robot_actions` is the inverse.
-    """
-    return norm_stats.normalize_actions(_relative(cfg, actions, states, -1.0))
-
-
-def robot_actions(cfg: ModelConfig, norm_stats: NormStats, actions: np.ndarray, state: np.ndarray) -> np.ndarray:
-    """One normalized model output (H, action_dim) -> robot-unit actions, given the observation's state."""
-    return _relative(cfg, norm_stats.unnormalize_actions(actions), state, 1.0).astype(np.float32)
-
-
-def fit_norm_stats(cfg: ModelConfig, states: np.ndarray, actions: np.ndarray) -> NormStats:
-    """Statistics of states (N, state_dim) and of the targets the model learns (deltas when relative)."""
-    return NormStats.fit(states, _relative(cfg, actions, states, -1.0))
-
-
-def _relative(cfg: ModelConfig, actions: np.ndarray, states: np.ndarray, sign: float) -> np.ndarray:
-    if not cfg.relative_actions:
-        return actions
-    if cfg.action_dim > cfg.state_dim:
-        raise ValueError(f"relative_actions needs action_dim <= state_dim, got {cfg.action_dim} > {cfg.state_dim}")
-    # The first action_dim state entries are the joint positions the actions command.
-    offset = np.asarray(states, dtype=np.float32)[..., None, : cfg.action_dim]
-    return (actions + sign * offset).astype(np.float32)
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        """(images, image_masks, tokens, token_mask, state): the order of the exported `sample` signature."""
+        return tuple(getattr(self, f.name) for f in fields(self))

@@ -1,15 +1,30 @@
-"""Prompt tokenizers. `bytes` and `words` are built in (no file, no download);
-`sentencepiece` loads a local .model file for real checkpoints."""
+"""Prompt tokenizers. `bytes` and `words` are built in (no file, no download); `hf` (a `tokenizer.json`, the
+`tokenizers` package) and `sentencepiece` (a `.model`) load local files for real checkpoints.
+
+The built-in ones lowercase and end the prompt themselves (omni_ros's own convention). The file-based ones
+encode the text exactly as given, with the special tokens the file defines (PaliGemma's BOS): the prompt
+format of a reference checkpoint (LeRobot's trailing newline, pi0.5's `Task: ...`) is the processor's job.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from omni_ros.policy.model_config import TokenizerConfig
+
+@dataclass
+class TokenizerConfig:
+    """`bytes` needs no file; `words` maps whole words of `vocab` to one token each (unknown words share
+    one id); `hf` loads a local tokenizer.json, `sentencepiece` a local .model file."""
+
+    kind: str = "bytes"
+    path: str | None = None
+    max_tokens: int = 48
+    vocab: list[str] = field(default_factory=list)
 
 
 class Tokenizer(Protocol):
@@ -65,8 +80,18 @@ class WordTokenizer:
         return tokens, mask
 
 
+def _pad(ids: list[int], max_tokens: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids (max_tokens,) int64 and their validity mask; longer inputs are cut at the end."""
+    ids = ids[:max_tokens]
+    tokens = np.full(max_tokens, pad, dtype=np.int64)
+    tokens[: len(ids)] = ids
+    mask = np.zeros(max_tokens, dtype=bool)
+    mask[: len(ids)] = True
+    return tokens, mask
+
+
 class SentencePieceTokenizer:
-    """A local SentencePiece model (e.g. PaliGemma's) for checkpoints trained with one."""
+    """A local SentencePiece model (PaliGemma's `tokenizer.model`): BOS, then the text as given."""
 
     def __init__(self, path: str | Path) -> None:
         import sentencepiece
@@ -76,15 +101,49 @@ class SentencePieceTokenizer:
             raise FileNotFoundError(f"SentencePiece model not found: {path}")
         self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
         self.vocab_size = self._sp.get_piece_size()
+        self.path = path
+
+    def ids(self, text: str, special: bool = True) -> list[int]:
+        """Token ids of `text`, with the BOS first when `special`."""
+        bos = [self._sp.bos_id()] if special and self._sp.bos_id() >= 0 else []
+        return [*bos, *self._sp.encode(text)]
+
+    def pad(self, ids: list[int], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        return _pad(ids, max_tokens, max(self._sp.pad_id(), 0))
 
     def encode(self, text: str, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        ids = [self._sp.bos_id(), *self._sp.encode(text.strip().lower() + "\n")][:max_tokens]
-        pad = max(self._sp.pad_id(), 0)
-        tokens = np.full(max_tokens, pad, dtype=np.int64)
-        tokens[: len(ids)] = ids
-        mask = np.zeros(max_tokens, dtype=bool)
-        mask[: len(ids)] = True
-        return tokens, mask
+        return self.pad(self.ids(text), max_tokens)
+
+
+class HFTokenizer:
+    """A local Hugging Face `tokenizer.json` (the `tokenizers` package; no `transformers`, no hub)."""
+
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer as _Tokenizer
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer.json not found: {path}")
+        try:
+            self._tok = _Tokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust parser raises plain Exception subclasses
+            raise ValueError(f"{path}: not a readable tokenizer.json: {exc}") from exc
+        # Padding and truncation are ours to apply (right side, to the checkpoint's prompt length).
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.pad_id = next((i for t in ("<pad>", "[PAD]", "<|pad|>") if (i := self._tok.token_to_id(t)) is not None), 0)
+        self.path = path
+
+    def ids(self, text: str, special: bool = True) -> list[int]:
+        """Token ids of `text`, with the file's special tokens (PaliGemma's BOS) when `special`."""
+        return self._tok.encode(text, add_special_tokens=special).ids
+
+    def pad(self, ids: list[int], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        return _pad(ids, max_tokens, self.pad_id)
+
+    def encode(self, text: str, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.pad(self.ids(text), max_tokens)
 
 
 def make_tokenizer(cfg: TokenizerConfig, base_dir: Path | None = None) -> Tokenizer:
@@ -92,11 +151,17 @@ def make_tokenizer(cfg: TokenizerConfig, base_dir: Path | None = None) -> Tokeni
         return ByteTokenizer()
     if cfg.kind == "words":
         return WordTokenizer(cfg.vocab)
-    if cfg.kind == "sentencepiece":
+    if cfg.kind in ("sentencepiece", "hf"):
         if not cfg.path:
-            raise ValueError("tokenizer.kind 'sentencepiece' needs tokenizer.path (a local .model file)")
+            raise ValueError(f"tokenizer.kind '{cfg.kind}' needs tokenizer.path (a local file)")
         path = Path(cfg.path)
         if base_dir is not None and not path.is_absolute():
             path = base_dir / path
-        return SentencePieceTokenizer(path)
-    raise ValueError(f"unknown tokenizer kind '{cfg.kind}'; use 'bytes', 'words' or 'sentencepiece'")
+        return SentencePieceTokenizer(path) if cfg.kind == "sentencepiece" else HFTokenizer(path)
+    raise ValueError(f"unknown tokenizer kind '{cfg.kind}'; use 'bytes', 'words', 'hf' or 'sentencepiece'")
+
+
+def tokenizer_from_file(path: str | Path) -> Tokenizer:
+    """A tokenizer.json (hf) or a SentencePiece .model, by its name."""
+    path = Path(path)
+    return SentencePieceTokenizer(path) if path.suffix == ".model" else HFTokenizer(path)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from omni_ros.observation import Observation
-from omni_ros.policy.inputs import action_targets, model_inputs
-from omni_ros.policy.model import Pi0Model
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pi0.processing import action_targets, model_inputs
 from omni_ros.policy.tokenizer import Tokenizer, make_tokenizer
 
 
@@ -42,8 +43,8 @@ class Trainer:
 
     def batch(
         self, observations: Sequence[Observation], actions: np.ndarray, goals: np.ndarray | None = None
-    ) -> dict[str, torch.Tensor]:
-        """Tensors for validated observations and their (B, H, action_dim) action chunks in robot units.
+    ) -> dict[str, Any]:
+        """Model inputs and targets for validated observations and their (B, H, action_dim) chunks in robot units.
 
         Relative targets use the observations' states as given (noise included), as the model sees them.
         `goals` (B, action_dim), the joint positions each chunk heads for, are the goal head's targets, in the
@@ -51,16 +52,18 @@ class Trainer:
         """
         device = next(self.model.parameters()).device
         cfg = self.model.cfg
-        inputs = model_inputs(cfg, self.tokenizer, self.norm_stats, observations, device)
         states = np.stack([o.state for o in observations])
         targets = action_targets(cfg, self.norm_stats, np.asarray(actions, dtype=np.float32), states)
-        inputs["actions"] = torch.from_numpy(targets).to(device)
+        batch: dict[str, Any] = {
+            "inputs": model_inputs(cfg, self.tokenizer, self.norm_stats, observations, device),
+            "actions": torch.from_numpy(targets).to(device),
+        }
         if goals is not None and self.goal_weight > 0:
             goal = action_targets(cfg, self.norm_stats, np.asarray(goals, dtype=np.float32)[:, None, :], states)
-            inputs["goal"] = torch.from_numpy(goal[:, 0]).to(device)
-        return inputs
+            batch["goal"] = torch.from_numpy(goal[:, 0]).to(device)
+        return batch
 
-    def step(self, batch: dict[str, torch.Tensor]) -> float:
+    def step(self, batch: dict[str, Any]) -> float:
         self.model.train()
         loss = self.model.loss(**batch, generator=self.generator, goal_weight=self.goal_weight)
         self.optimizer.zero_grad(set_to_none=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from omni_ros.observation import Observation, ObservationSpec, make_observation
-from omni_ros.policy.model_config import ModelConfig
+from omni_ros.policy.pi0.configuration import ModelConfig
 from omni_ros.sim.dataset import DatasetMeta, check_fits, iter_shards, read_meta
 
 

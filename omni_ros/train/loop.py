@@ -19,17 +19,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_ros.config import to_dict
 from omni_ros.errors import OmniRosError
-from omni_ros.policy.checkpoint import load_checkpoint, save_checkpoint
-from omni_ros.policy.inputs import fit_norm_stats
-from omni_ros.policy.model import Pi0Model, count_parameters
-from omni_ros.policy.model_config import ModelConfig, preset
+from omni_ros.policy.layouts.omni import load_checkpoint, save_checkpoint
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.pi0.modeling import Pi0Model, count_parameters
+from omni_ros.policy.pi0.presets import preset, seeded_model
+from omni_ros.policy.pi0.processing import fit_norm_stats
 from omni_ros.policy.train import Trainer
 from omni_ros.progress import Progress
 from omni_ros.train.config import TrainConfig
 from omni_ros.train.data import TileDataset, load_tiles
+from omni_ros.typed_config import to_dict
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.jsonl"
@@ -60,7 +61,7 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
 
 def _model_config(cfg: TrainConfig) -> ModelConfig:
     if cfg.init_checkpoint:
-        from omni_ros.policy.checkpoint import read_checkpoint_config
+        from omni_ros.policy.layouts.omni import read_checkpoint_config
 
         return read_checkpoint_config(cfg.init_checkpoint)[0]
     base = preset(cfg.preset)
@@ -81,9 +82,7 @@ def _fresh_model(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[Pi0Model, No
     if cfg.init_checkpoint:
         model, stats, _ = load_checkpoint(cfg.init_checkpoint)
         return model, stats
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        return Pi0Model(model_cfg), None
+    return seeded_model(model_cfg, cfg.seed), None
 
 
 def train(
@@ -99,7 +98,7 @@ def train(
 
     `stop_after` ends this run at that step, checkpointed, as if interrupted (continue with `resume`).
     """
-    from omni_ros.policy.torch_policy import resolve_device
+    from omni_ros.policy.torch_runner import resolve_device
 
     out = Path(out)
     device = resolve_device(cfg.device)

@@ -57,7 +57,7 @@ class EchoPolicy(BasePolicy):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+    def infer(self, obs: dict[str, Any], *, noise: Any = None) -> dict[str, Any]:
         observation = make_observation(self.spec, obs)
         time.sleep(self._delay(observation))
         with self.lock:
@@ -66,7 +66,7 @@ class EchoPolicy(BasePolicy):
             self.observations.append(observation)
         return {"actions": expected_actions(self, observation)}
 
-    def infer_batch(self, observations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def infer_batch(self, observations: Sequence[dict[str, Any]], *, noise: Any = None) -> list[dict[str, Any]]:
         # Validate all first (like a real batched forward), then "compute" once for the batch.
         batch = [make_observation(self.spec, obs) for obs in observations]
         time.sleep(max(self._delay(o) for o in batch))

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import http.client
 import inspect
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,3 +101,35 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+def start_serve(
+    root: Path, *args: str, env: dict[str, str] | None = None, cli_options: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str, dict]:
+    """`omni-ros [CLI_OPTIONS] serve --port 0 ARGS` as a process: (process, its URL, the metadata it printed)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_ros.cli", *cli_options, "serve", "--port", "0", *args],
+        cwd=root,
+        env=env or dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    for line in proc.stdout:  # type: ignore[union-attr]
+        lines.append(line)
+        if line.startswith("}"):
+            break
+    text = "".join(lines)
+    match = re.search(r"listening on (ws://127\.0\.0\.1:\d+)", text)
+    if match is None:
+        proc.kill()
+        raise AssertionError(f"no URL printed:\n{text}\n{proc.stderr.read()}")  # type: ignore[union-attr]
+    return proc, match.group(1), json.loads(text[text.index("{") :])
+
+
+def stop_serve(proc: subprocess.Popen) -> tuple[int, str, str]:
+    """SIGINT, as Ctrl-C would: (exit status, stdout, stderr)."""
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    return proc.returncode, out, err

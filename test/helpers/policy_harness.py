@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,12 +37,14 @@ class Inputs:
 
 
 class Harness:
-    def __init__(self, dry_run: bool = False) -> None:
+    def __init__(self, dry_run: bool = False, configure: Callable[[OmniConfig], None] | None = None) -> None:
         cfg: OmniConfig = load_config("config/sim.yaml")
         cfg.policy.preset = "tiny"
         cfg.robot.joint_names = list(JOINTS)
         cfg.robot.dry_run = dry_run
         cfg.status.rate_hz = 10.0
+        if configure is not None:
+            configure(cfg)
         self.config = cfg
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
@@ -49,7 +52,7 @@ class Harness:
         from rclpy.node import Node
 
         self.peer = Node("robot_peer", context=self.context)
-        self.inputs = Inputs()
+        self.inputs = Inputs(joints=list(cfg.robot.joint_names))
         self.chunks: list[ActionChunk] = []
         self.commands: list[JointTrajectory] = []
         self.statuses: list[PolicyStatus] = []

@@ -1,0 +1,181 @@
+"""The ExecuTorch runner: a `.pte` written by `omni-ros export` behind the one inference path.
+
+    policy = load_pte("policy.pte")        # policy.pte.json must sit beside it
+    out = policy.infer({"images": {...}, "state": ..., "prompt": "..."})
+
+The processor (preprocessing, normalization, tokenization) and the seeded noise
+are the ones the eager policy uses (the sidecar carries the config and norm
+stats), so a `.pte` and its eager model see identical inputs. With the staged
+methods the runner calls `encode_images`, then `prefill` once, and keeps the
+prefix KV cache it returns for every `denoise_step` of the Euler loop; a
+program with only the fused `sample` method runs the whole loop in one call.
+
+Programs are loaded (and XNNPACK packs its weights) in the constructor, so a
+node pays that once at start-up, never per request.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from omni_ros.backends.exported import exported_policy
+from omni_ros.export.methods import STAGED, prefix_mask_of
+from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
+from omni_ros.policy.sampler import euler_sample
+from omni_ros.typed_config import ConfigError
+
+MODES = ("auto", "staged", "fused")
+
+
+def installed_executorch_version() -> str:
+    from importlib.metadata import version
+
+    return version("executorch")
+
+
+def _check_runnable(sidecar: Sidecar, source: str, backends: list[str]) -> None:
+    """Refuse programs whose backend this machine cannot run, before handing them to the runtime."""
+    if sidecar.target == "xnnpack":
+        if "XnnpackBackend" not in backends:
+            raise PteError(f"{source}: this ExecuTorch runtime has no XNNPACK backend (registered: {backends})")
+    elif sidecar.target == "qnn":
+        soc = sidecar.target_options.get("soc", "?")
+        if "QnnBackend" not in backends:
+            raise PteError(f"{source}: exported for QNN ({soc}) but this ExecuTorch runtime has no QNN backend")
+        sdk = os.environ.get("QNN_SDK_ROOT", "")
+        if platform.machine() != "aarch64" and not (sdk and Path(sdk).is_dir()):
+            raise PteError(
+                f"{source}: exported for the Qualcomm HTP ({soc}); run it on that device (Android/Linux aarch64 "
+                "with the QNN runtime libraries), or set QNN_SDK_ROOT to use the SDK's x86 simulator"
+            )
+    elif sidecar.target == "cuda":
+        from omni_ros.export.cuda import CudaUnavailableError
+
+        if not torch.cuda.is_available():
+            raise CudaUnavailableError(f"{source}: exported for CUDA but no CUDA GPU is visible to this process")
+        if "CudaBackend" not in backends:
+            raise CudaUnavailableError(
+                f"{source}: exported for CUDA but this ExecuTorch runtime was built without the CUDA backend"
+            )
+    else:
+        raise PteError(f"{source}: unknown target '{sidecar.target}' in its sidecar")
+
+
+class ExecuTorchRunner:
+    """Runs the methods of an exported program; the KV cache stays a list of tensors between them."""
+
+    # Programs are exported for batch 1 (static shapes): the pipeline runs a batch request by request.
+    max_batch = 1
+    draws_noise = False
+    dtype = torch.float32
+
+    def __init__(self, pte: Path, sidecar: Sidecar, mode: str, num_threads: int = 0) -> None:
+        self.pte, self.sidecar, self.cfg, self.mode = pte, sidecar, sidecar.model, mode
+        self.device = torch.device("cuda" if sidecar.target == "cuda" else "cpu")
+        self.backend = f"executorch-{sidecar.target}" + ("" if sidecar.quantize == "none" else f"-{sidecar.quantize}")
+        from executorch.runtime import Runtime
+
+        runtime = Runtime.get()
+        _check_runnable(sidecar, str(pte), list(runtime.backend_registry.registered_backend_names))
+        if num_threads > 0:
+            from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+            _unsafe_reset_threadpool(num_threads)
+        needed = STAGED if mode == "staged" else ("sample",)
+        try:
+            program = runtime.load_program(pte)
+            self._methods = {m: program.load_method(m) for m in needed}
+        except Exception as exc:  # the runtime raises plain RuntimeError/ValueError on a bad program
+            raise PteError(f"{pte}: ExecuTorch cannot load it: {exc}") from exc
+        self._program = program
+        self._lock = threading.Lock()
+
+    def _run(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        # The runtime takes dense tensors only (the pixel tensor is a permuted view).
+        return list(self._methods[method].execute([x.contiguous() for x in inputs]))
+
+    def encode_inputs(self, inputs: ModelInputs) -> list[torch.Tensor]:
+        """Inputs of `encode_images`: the images, and the prompt when the encoder is prompt-conditioned."""
+        if self.cfg.vision.film:
+            return [inputs.images, inputs.tokens, inputs.token_mask]
+        return [inputs.images]
+
+    def sample(self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int) -> Sampled:
+        if noise is None:
+            raise ValueError("the ExecuTorch runner needs the sampling noise")
+        with self._lock:  # an ExecuTorch method is not reentrant; callers may share one policy across threads
+            clock = StageClock()
+            if self.mode == "fused":
+                # One call runs encoder, prefill and the loop: the time is reported as denoise_ms.
+                clock.lap("embed_prefix_ms")
+                clock.lap("prefill_ms")
+                actions = self._run("sample", [*inputs.as_tuple(), noise])[0].clone()
+                clock.lap("denoise_ms")
+                return Sampled(actions.numpy(), clock.ms)
+            image_tokens = self._run("encode_images", self.encode_inputs(inputs))[0]
+            clock.lap("embed_prefix_ms")
+            # The prefix KV cache: computed once, read by every denoising step below.
+            cache = self._run("prefill", [image_tokens, inputs.image_masks, inputs.tokens, inputs.token_mask])
+            clock.lap("prefill_ms")
+            prefix_mask = prefix_mask_of(inputs.image_masks, inputs.token_mask, self.cfg.vision.num_tokens)
+
+            def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                return self._run("denoise_step", [prefix_mask, inputs.state, x, t, *cache])[0]
+
+            actions = euler_sample(velocity, noise, num_steps)
+            clock.lap("denoise_ms")
+        return Sampled(actions.numpy(), clock.ms)
+
+    def close(self) -> None:
+        """Drop the loaded methods and program (and the weights XNNPACK packed for them)."""
+        with self._lock:
+            self._methods = {}
+            self._program = None
+
+
+def load_pte(
+    pte: str | Path,
+    *,
+    seed: int | None = 0,
+    num_steps: int | None = None,
+    mode: str = "auto",
+    num_threads: int = 0,
+    device: str | None = None,
+    name: str | None = None,
+    camera_names: Sequence[str] | None = None,
+    state_dim: int | None = None,
+    action_dim: int | None = None,
+) -> InferencePipeline:
+    """The policy of an exported program, checked against its sidecar and the configured robot."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode '{mode}'; choose one of {', '.join(MODES)}")
+    pte = Path(pte)
+    sidecar = read_sidecar(pte)
+    check_compatible(sidecar, str(pte), camera_names, state_dim, action_dim, installed_executorch_version())
+    target_device = "cuda" if sidecar.target == "cuda" else "cpu"
+    if device is not None and device.split(":")[0] != target_device:
+        raise ConfigError(f"{pte} runs on {target_device} (target {sidecar.target}), not policy.device '{device}'")
+    staged = all(m in sidecar.methods for m in STAGED)
+    if mode == "auto":
+        mode = "staged" if staged else "fused"
+    if mode == "staged" and not staged:
+        raise PteError(f"{pte}: staged mode needs methods {list(STAGED)}, the program has {list(sidecar.methods)}")
+    if mode == "fused":
+        if "sample" not in sidecar.methods:
+            raise PteError(f"{pte}: fused mode needs the 'sample' method, the program has {list(sidecar.methods)}")
+        if num_steps is not None and num_steps != sidecar.num_steps:
+            raise PteError(
+                f"{pte}: its fused 'sample' runs {sidecar.num_steps} Euler steps, configured num_steps is "
+                f"{num_steps}; export with --num-steps {num_steps} or use the staged methods"
+            )
+    runner = ExecuTorchRunner(pte, sidecar, mode, num_threads)
+    fused = mode == "fused"
+    return exported_policy(sidecar, runner, pte.parent, fused=fused, seed=seed, num_steps=num_steps, name=name)

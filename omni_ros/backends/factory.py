@@ -1,0 +1,120 @@
+"""One place that turns the `policy:` config section into a `Policy`, whatever the backend.
+
+torch       a checkpoint folder (any layout omni_ros.policy.load reads) or a preset with random weights
+executorch  a `.pte` written by `omni-ros export` (its sidecar beside it)
+remote      an OpenPI WebSocket server (ours, openpi's, a relay), reached with `policy.remote`
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from omni_ros import cpu_threads
+from omni_ros.policy.base import Policy
+from omni_ros.policy.config import PolicyConfig
+from omni_ros.typed_config import ConfigError
+
+
+def load_policy(
+    config: PolicyConfig,
+    camera_names: Sequence[str] | None = None,
+    state_dim: int | None = None,
+    action_dim: int | None = None,
+) -> Policy:
+    """Build the configured policy.
+
+    camera_names/state_dim/action_dim shape a preset (random weights) to a robot; a checkpoint, a program
+    or a remote server carries its own, and they must agree with it. Relative paths in the config were
+    resolved against the config file's folder when it was loaded.
+    """
+    # Before the backend imports torch where it can (the CLI and nodes did it already): threads and waiting.
+    cpu_threads.configure(config)
+    if config.backend == "torch":
+        return _load_torch(config, camera_names, state_dim, action_dim)
+    if config.backend == "executorch":
+        return _load_executorch(config, camera_names, state_dim, action_dim)
+    if config.backend == "onnxruntime":
+        return _load_onnxruntime(config, camera_names, state_dim, action_dim)
+    if config.backend == "remote":
+        return _load_remote(config, camera_names, state_dim, action_dim)
+    raise ConfigError(f"unknown policy.backend '{config.backend}'; use torch, executorch, onnxruntime or remote")
+
+
+def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+    from omni_ros.policy.loading import from_preset, load
+
+    common = {"device": config.device, "dtype": config.dtype, "seed": config.seed, "num_steps": config.num_steps}
+    if config.checkpoint:
+        policy = load(config.checkpoint, tokenizer=config.tokenizer, **common)
+        check_agrees(policy, camera_names, state_dim, action_dim, config.checkpoint)
+        return policy
+    return from_preset(config.preset, camera_names=camera_names, state_dim=state_dim, action_dim=action_dim, **common)
+
+
+def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+    # PolicyConfig checked itself: a pte is given and the dtype is float32.
+    from omni_ros.backends.executorch_runner import load_pte
+
+    return load_pte(
+        Path(config.pte or ""), device=config.device, **_exported(config, camera_names, state_dim, action_dim)
+    )
+
+
+def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+    # PolicyConfig checked itself: a folder is given, and no dtype or device beside the providers.
+    from omni_ros.backends.onnx_runner import load_onnx
+
+    folder = Path(config.onnx or "")
+    return load_onnx(folder, providers=config.providers, **_exported(config, camera_names, state_dim, action_dim))
+
+
+def _exported(config: PolicyConfig, camera_names, state_dim, action_dim) -> dict:
+    """What every exported-program backend takes from the config and the robot (its sidecar must agree)."""
+    return {
+        "seed": config.seed,
+        "num_steps": config.num_steps,
+        "num_threads": config.num_threads,
+        "camera_names": camera_names,
+        "state_dim": state_dim,
+        "action_dim": action_dim,
+    }
+
+
+def _load_remote(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+    remote = config.remote  # PolicyConfig checked itself: the url is set
+    from omni_ros.backends.remote import RemotePolicy
+
+    policy = RemotePolicy(
+        remote.url,
+        keymap=remote.keymap or None,
+        api_key=remote.api_key or os.environ.get(remote.api_key_env) or None,
+        connect_timeout_s=remote.connect_timeout_s,
+        deadline_s=remote.deadline_s,
+        retries=remote.retries,
+        ca_file=remote.ca_file or None,
+    )
+    try:
+        check_agrees(policy, camera_names, state_dim, action_dim, remote.url)
+    except ConfigError:
+        policy.close()
+        raise
+    return policy
+
+
+def check_agrees(
+    policy: Policy,
+    camera_names: Sequence[str] | None,
+    state_dim: int | None,
+    action_dim: int | None,
+    source: str,
+) -> None:
+    """The policy's cameras and dims are the configured robot's, or a ConfigError naming the difference."""
+    meta = policy.metadata
+    if camera_names is not None and tuple(camera_names) != tuple(meta.camera_names):
+        raise ConfigError(f"{source}: checkpoint cameras {list(meta.camera_names)} != configured {list(camera_names)}")
+    if state_dim is not None and state_dim != meta.state_dim:
+        raise ConfigError(f"{source}: checkpoint state_dim {meta.state_dim} != configured {state_dim}")
+    if action_dim is not None and meta.action_dim and action_dim != meta.action_dim:
+        raise ConfigError(f"{source}: checkpoint action_dim {meta.action_dim} != configured {action_dim}")

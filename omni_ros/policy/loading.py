@@ -1,0 +1,84 @@
+"""Build a `Policy` on the torch runner: from a checkpoint folder, a built-in preset or a model in memory.
+
+policy = omni_ros.policy.load("checkpoints/demo")                 # any known checkpoint layout
+policy = from_preset("small", camera_names=["base"], seed=0)       # random weights, seeded
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from omni_ros.policy import families, layouts
+from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.pipeline import InferencePipeline
+from omni_ros.policy.tokenizer import Tokenizer
+from omni_ros.policy.torch_runner import TorchRunner, resolve_dtype
+
+
+def load(
+    path: str | Path,
+    *,
+    tokenizer: Tokenizer | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    seed: int | None = 0,
+    num_steps: int | None = None,
+    name: str | None = None,
+) -> InferencePipeline:
+    """The policy in checkpoint folder `path` (its layout detected), on the torch runner."""
+    checkpoint = layouts.read(path, tokenizer=tokenizer)
+    family = families.get(checkpoint.family)
+    model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
+    processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
+    runner = TorchRunner(model, device, dtype)
+    steps = num_steps or checkpoint.config.num_steps
+    return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or Path(path).name)
+
+
+def from_model(
+    model: nn.Module,
+    norm_stats: NormStats,
+    *,
+    tokenizer: Tokenizer | None = None,
+    family: str = "pi0",
+    device: str = "cpu",
+    dtype: str = "float32",
+    seed: int | None = 0,
+    num_steps: int | None = None,
+    name: str | None = None,
+) -> InferencePipeline:
+    """A policy around a model in memory (its `cfg` says the architecture), e.g. one being trained."""
+    cfg: Any = model.cfg
+    processor = families.get(family).build_processor(cfg, norm_stats, tokenizer)
+    runner = TorchRunner(model, device, dtype)
+    return InferencePipeline(processor, runner, num_steps=num_steps or cfg.num_steps, seed=seed, name=name or cfg.name)
+
+
+def from_preset(
+    name: str,
+    *,
+    camera_names: Sequence[str] | None = None,
+    state_dim: int | None = None,
+    action_dim: int | None = None,
+    action_horizon: int | None = None,
+    weights_seed: int = 0,
+    **kwargs: Any,
+) -> InferencePipeline:
+    """A randomly initialised model of a built-in pi0-family architecture (weights seeded, so reproducible)."""
+    from omni_ros.policy.pi0.presets import build_preset
+
+    model = build_preset(
+        name,
+        weights_seed,
+        camera_names=camera_names,
+        state_dim=state_dim,
+        action_dim=action_dim,
+        action_horizon=action_horizon,
+    )
+    cfg = model.cfg
+    stats = NormStats.identity(cfg.state_dim, cfg.action_dim)
+    return from_model(model, stats, name=f"{name} (random weights)", **kwargs)

@@ -1,0 +1,102 @@
+"""Observations <-> SmolVLA's tensors, step for step as LeRobot 0.6.1 prepares them.
+
+images   uint8 -> float [0, 1] -> bilinear resize to fit the square tile (no antialias, sizes truncated),
+         zero padding at the LEFT and TOP (not centred as pi0) -> x * 2 - 1. A declared camera the
+         observation lacks is left out of the prefix (LeRobot drops it): here its slot stays, with its mask
+         off, which the model treats exactly as absent (see omni_ros.policy.smolvla.modeling)
+state    normalized with the checkpoint's statistics (LeRobot's epsilon), zero-padded to max_state_dim
+prompt   as given plus "\n", tokenized with the checkpoint's tokenizer as it is (SmolVLM's adds no BOS),
+         cut from the LEFT to tokenizer max_tokens (the prompt's end is kept), right-padded to the
+         batch's longest (LeRobot's "longest"; a static program pads to max_tokens, identical under the mask)
+actions  the first action_dim of the model's output, un-normalized
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from omni_ros.observation import Observation, ObservationSpec, make_observation
+from omni_ros.policy.base import PolicyMetadata
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.smolvla.configuration import SmolVLAConfig
+from omni_ros.policy.tokenizer import Tokenizer
+
+
+class SmolVLAProcessor:
+    def __init__(self, cfg: SmolVLAConfig, norm_stats: NormStats, tokenizer: Tokenizer) -> None:
+        norm_stats.check(cfg.state_dim, cfg.action_dim)
+        for method in ("ids", "pad"):
+            if not hasattr(tokenizer, method):
+                raise TypeError(f"SmolVLA needs a file tokenizer (tokenizer.json), got {type(tokenizer).__name__}")
+        self.cfg = cfg
+        self.norm_stats = norm_stats
+        self.tokenizer = tokenizer
+        self.spec: ObservationSpec = cfg.observation_spec()
+
+    @property
+    def noise_shape(self) -> tuple[int, int]:
+        return (self.cfg.action_horizon, self.cfg.max_action_dim)
+
+    def metadata(self, name: str, backend: str) -> PolicyMetadata:
+        return self.cfg.policy_metadata(name, backend)
+
+    def parse(self, raw: Mapping[str, Any]) -> Observation:
+        return make_observation(self.spec, raw, tile=False)
+
+    def tokenize(self, prompt: str) -> list[int]:
+        """Token ids of the prompt as LeRobot's SmolVLA writes it (a trailing newline), the last max_tokens kept."""
+        tok: Any = self.tokenizer
+        ids = tok.ids(prompt if prompt.endswith("\n") else prompt + "\n")
+        return ids[-self.cfg.tokenizer.max_tokens :]
+
+    def inputs(
+        self,
+        observations: Sequence[Observation],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> ModelInputs:
+        cfg, size = self.cfg, self.cfg.tile_size
+        images, masks, states, prompts = [], [], [], []
+        for o in observations:
+            tiles = []
+            for name in cfg.camera_names:
+                if o.image_masks[name]:
+                    pixels = torch.from_numpy(o.images[name]).permute(2, 0, 1).float() / 255.0
+                    tiles.append(resize_with_pad_left_top(pixels, size) * 2.0 - 1.0)
+                else:
+                    tiles.append(torch.full((3, size, size), -1.0))
+            images.append(torch.stack(tiles))
+            masks.append([o.image_masks[n] for n in cfg.camera_names])
+            state = self.norm_stats.normalize_state(o.state)
+            states.append(np.pad(state, (0, cfg.max_state_dim - cfg.state_dim)))
+            prompts.append(self.tokenize(o.prompt))
+        longest = max(1, max(len(ids) for ids in prompts))
+        padded = [self.tokenizer.pad(ids, longest) for ids in prompts]  # type: ignore[attr-defined]
+        return ModelInputs(
+            images=torch.stack(images).to(device, dtype),
+            image_masks=torch.tensor(masks, dtype=torch.bool, device=device),
+            tokens=torch.from_numpy(np.stack([t for t, _ in padded])).to(device),
+            token_mask=torch.from_numpy(np.stack([m for _, m in padded])).to(device),
+            state=torch.from_numpy(np.stack(states).astype(np.float32)).to(device, dtype),
+        )
+
+    def actions(self, normalized: np.ndarray, observation: Observation) -> np.ndarray:
+        return self.norm_stats.unnormalize_actions(normalized[:, : self.cfg.action_dim])
+
+
+def resize_with_pad_left_top(image: torch.Tensor, size: int) -> torch.Tensor:
+    """(3, h, w) float in [0, 1] -> (3, size, size): bilinear to fit (align_corners=False, no antialias, target
+    sizes truncated, not rounded), zero padding on the left and at the top (SmolVLA's convention)."""
+    _, h, w = image.shape
+    if (h, w) == (size, size):
+        return image
+    ratio = max(w / size, h / size)
+    new_h, new_w = int(h / ratio), int(w / ratio)
+    resized = F.interpolate(image[None], size=(new_h, new_w), mode="bilinear", align_corners=False)[0]
+    return F.pad(resized, (max(0, size - new_w), 0, max(0, size - new_h), 0), value=0.0)

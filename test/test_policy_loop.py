@@ -1,0 +1,179 @@
+"""PolicyLoop, the policy node's work without ROS: lifecycle gating, inference to chunks to commands, stale-input
+reasons, and counters that stay exact when several threads update them. A real tiny policy, a hand-moved clock."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+
+from omni_ros.backends.factory import load_policy
+from omni_ros.config import load_config
+from omni_ros.control.executor import ExecState
+from omni_ros.nodes.policy_loop import RATE_WINDOW_S, Chunk, Counters, PolicyLoop
+from omni_ros.ros_convert import rgb_to_image, sec_to_stamp
+
+JOINTS = ["joint_1", "joint_2", "joint_3"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def config():
+    cfg = load_config("config/sim.yaml")
+    cfg.policy.preset = "tiny"
+    cfg.robot.joint_names = list(JOINTS)
+    cfg.robot.dry_run = False
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def policy(config):
+    return load_policy(config.policy, camera_names=[c.name for c in config.topics.cameras], state_dim=3, action_dim=3)
+
+
+class Clock:
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Run:
+    """A loop whose outputs are collected; its control thread is not started: the test ticks it."""
+
+    def __init__(self, config, policy) -> None:
+        self.clock = Clock()
+        self.chunks: list[Chunk] = []
+        self.commands: list[tuple[np.ndarray, float]] = []
+        self.loop = PolicyLoop(
+            config,
+            policy,
+            self.clock,
+            self.chunks.append,
+            lambda q, now: self.commands.append((q.copy(), now)),
+            logging.getLogger("test_policy_loop"),
+        )
+        self.cameras = [(c.name, c.compressed) for c in config.topics.cameras]
+
+    def send(self, encoding: str = "rgb8") -> None:
+        for name, compressed in self.cameras:
+            msg = rgb_to_image(np.zeros((48, 48, 3), np.uint8), Image(), stamp=self.clock())
+            msg.encoding = encoding
+            self.loop.image(name, msg, compressed)
+        js = JointState(name=list(JOINTS), position=[0.0, 0.1, 0.2])
+        sec_to_stamp(self.clock(), js.header.stamp)
+        self.loop.joint_state(js)
+
+    def wait_for(self, predicate, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.01)
+        return False
+
+
+@pytest.fixture
+def run(config, policy):
+    r = Run(config, policy)
+    yield r
+    r.loop.close()
+
+
+def test_inactive_loop_neither_infers_nor_commands_and_refuses_resume(run):
+    run.loop.prompt(String(data="reach the red block"))
+    run.send()
+    run.loop.tick()
+    assert run.loop.executor.state is ExecState.PAUSED and run.loop.executor.inflight_since is None
+    assert run.loop.resume() == (False, "node is not active")
+    assert run.loop.pause() == (True, "paused")
+    time.sleep(0.2)
+    assert not run.chunks and not run.commands
+
+
+def test_active_loop_turns_inputs_into_a_chunk_then_commands(run):
+    run.loop.prompt(String(data="reach the red block"))
+    run.loop.activate()
+    run.send()
+    run.loop.tick()  # starts the first inference
+    assert run.loop.executor.inflight_since == run.clock()
+    assert run.wait_for(lambda: run.chunks)
+    chunk = run.chunks[0]
+    assert chunk.chunk_id == 0 and chunk.actions.shape[1] == 3 and chunk.inference_s > 0
+    assert chunk.stamp == run.clock()  # the observation it answers
+    for _ in range(5):
+        run.clock.t += 0.02
+        run.send()
+        run.loop.tick()
+    assert len(run.commands) == 5 and all(np.all(np.isfinite(q)) for q, _ in run.commands)
+    assert [now for _, now in run.commands] == pytest.approx([100.0 + 0.02 * k for k in range(1, 6)])
+    health = run.loop.counters.health(run.clock())
+    assert health.counts["commands"] == 5 and health.counts["chunks"] >= 1 and health.counts["errors"] == 0
+    assert health.achieved_rate == pytest.approx(5 / RATE_WINDOW_S)
+    assert health.last_inference_s == chunk.inference_s
+    # Deactivated: commands stop at once.
+    run.loop.deactivate()
+    run.clock.t += 0.02
+    run.loop.tick()
+    assert len(run.commands) == 5
+
+
+def test_rejected_frames_are_counted_and_named_in_the_stale_reason(run):
+    run.loop.prompt(String(data="reach the red block"))
+    run.loop.activate()
+    run.send(encoding="16UC1")
+    run.loop.tick()
+    assert run.loop.executor.state is ExecState.STALE_INPUT
+    first = run.cameras[0][0]
+    assert run.loop.exec_reason == (
+        f"no frame yet from camera '{first}' (last frame rejected: unsupported image encoding '16UC1'; "
+        "supported: rgb8, bgr8, rgba8, bgra8, mono8)"
+    )
+    assert run.loop.counters.health(run.clock()).counts["dropped_frames"] == len(run.cameras)
+    assert run.loop.executor.inflight_since is None and not run.commands
+    # Good frames again: the gate opens and inference starts.
+    run.send()
+    run.loop.tick()
+    assert run.loop.executor.state is not ExecState.STALE_INPUT and run.loop.executor.inflight_since is not None
+
+
+def test_counters_stay_exact_under_concurrent_updates():
+    counters = Counters()
+    n, threads = 5000, 4
+
+    def work(k: int) -> None:
+        for i in range(n):
+            counters.dropped_frame()
+            counters.command(10.0 + i * 1e-4)
+            counters.chunk(0.01 * k)
+            counters.failure(f"error {k}")
+
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    health = counters.health(10.5)
+    total = n * threads
+    assert health.counts == {"chunks": total, "commands": total, "dropped_frames": total, "errors": total}
+    # Failures since the last success: each thread ends with one, after every thread's last success but its own.
+    assert 1 <= health.consecutive_errors <= threads and health.last_error.startswith("error ")
+    assert health.achieved_rate == pytest.approx(total / RATE_WINDOW_S)
+    # Commands older than the window leave the rate, not the count: at 12.25005 s those from 10.25005 s on stay
+    # (i = 2501 .. 4999 of each thread).
+    later = counters.health(10.0 + RATE_WINDOW_S + 0.25005)
+    assert later.counts["commands"] == total
+    assert later.achieved_rate == pytest.approx(2499 * threads / RATE_WINDOW_S)
+    counters.chunk(0.5)
+    assert counters.health(10.5).consecutive_errors == 0 and counters.health(10.5).last_inference_s == 0.5
