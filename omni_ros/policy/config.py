@@ -63,6 +63,9 @@ class PolicyConfig:
     providers: list[str] = field(default_factory=lambda: ["cpu"])
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    # bfloat16 on a CPU without native bf16 (AVX512_BF16 / AMX_BF16, Arm BF16) runs float32 with a warning;
+    # true refuses to start instead (omni_ros/cpu_features.py).
+    strict_dtype: bool = False
     # Euler steps of the flow-matching sampler; null keeps the model's own (10 for small/pi0).
     num_steps: int | None = None
     # Seed of the sampling noise; null draws fresh noise every call.
