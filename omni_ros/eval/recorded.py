@@ -14,6 +14,7 @@ import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from omni_ros.config import ConfigError, OmniConfig, from_dict, to_dict
 from omni_ros.eval.config import EvalCamera, EvalConfig
@@ -86,12 +87,13 @@ def recorded_config(bags: Sequence[str]) -> RecordedConfig | None:
     Bags recorded with different robots or topics cannot be replayed with one config: that is an error
     naming both bags.
     """
-    first = read_recorded_config(bags[0]) if bags else None
+    # A bag that is not there is the evaluator's to report, with everything else it checks first.
+    first = read_recorded_config(bags[0]) if bags and Path(bags[0]).exists() else None
     if first is None:
         return None
     keep = ("robot", "topics", "control", "eval")
     for path in bags[1:]:
-        other = read_recorded_config(path)
+        other = read_recorded_config(path) if Path(path).exists() else None
         if other is None:
             continue
         for section in keep:
