@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from omni_ros.sim.so101.config import So101Config
 
 
 @dataclass
 class SimConfig:
-    """A planar N-joint arm on a table, its cameras, blocks and task."""
+    """A planar N-joint arm on a table, its cameras, blocks and task (or, with engine so101, the MuJoCo SO-101)."""
 
+    # "planar": the 2-D arm drawn with OpenCV (fast); "so101": the SO-101 arm in MuJoCo (omni_ros.sim.so101).
+    # The planar-arm fields below (link_lengths, joint limits, dynamics) do not apply to the SO-101.
+    engine: Literal["planar", "so101"] = "planar"
     n_joints: int = 3
     # Metres, base to tip; one per joint.
     link_lengths: list[float] = field(default_factory=lambda: [0.3, 0.25, 0.15])
@@ -50,3 +56,5 @@ class SimConfig:
     prompt_topic: str = "/omni_ros/prompt"
     episode_topic: str = "/sim/episode"
     reset_service: str = "/sim/reset"
+    # Settings of the SO-101 simulator only.
+    so101: So101Config = field(default_factory=So101Config)
