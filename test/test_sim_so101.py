@@ -211,3 +211,26 @@ def test_the_scripted_expert_solves_the_task_through_the_chunk_executor(config, 
         env_xy = np.array([b.xy for b in env.scene.blocks])
         env.reset(seed)
         np.testing.assert_allclose(env_xy, np.array([b.xy for b in env.scene.blocks]), atol=5e-3)
+
+
+def test_frames_can_come_from_any_thread(env):
+    """A ROS executor may run the camera timer on another thread than the one that created the GL context."""
+    import threading
+
+    first = env.reset(2)["images"]
+    frames: list = []
+    errors: list = []
+
+    def render() -> None:
+        try:
+            frames.append(env.render())
+        except Exception as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    worker = threading.Thread(target=render)
+    worker.start()
+    worker.join(timeout=30)
+    assert not errors and len(frames) == 1, errors
+    for cam, frame in first.items():
+        np.testing.assert_array_equal(frames[0][cam], frame)
+    np.testing.assert_array_equal(env.render()["base"], first["base"])  # and back on this thread

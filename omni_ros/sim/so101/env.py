@@ -25,6 +25,7 @@ from omni_ros.sim.config import SimConfig
 from omni_ros.sim.env import EpisodeInfo
 from omni_ros.sim.scene import COLORS, Block, Scene, choose_colors
 from omni_ros.sim.so101.assets import JOINTS
+from omni_ros.sim.so101.gl import release_current_context
 from omni_ros.sim.so101.ik import So101Kinematics
 from omni_ros.sim.so101.model import CAMERAS, build_spec, compile_model, mujoco
 from omni_ros.sim.task import EpisodeClock, SuccessHold, Task, sample_task
@@ -66,6 +67,18 @@ def sample_layout(
             for i, p in zip(chosen, points, strict=True)
         )
     )
+
+
+def render_cameras(renderer: Any, data: Any, cameras: Sequence[str]) -> dict[str, np.ndarray]:
+    """Frames of `cameras` from `renderer`, then the GL context released for the next frame's thread."""
+    out = {}
+    try:
+        for camera in cameras:
+            renderer.update_scene(data, camera=camera)
+            out[camera] = renderer.render()
+    finally:
+        release_current_context()
+    return out
 
 
 class So101Env(EpisodeClock):
@@ -245,11 +258,7 @@ class So101Env(EpisodeClock):
             # Created on first use, in the thread that renders (a GL context is current in one thread).
             self._renderer = mujoco.Renderer(self.model, self.config.image_height, self.config.image_width)
             weakref.finalize(self, self._renderer.close)
-        out = {}
-        for camera in self.cameras:
-            self._renderer.update_scene(self.data, camera=camera)
-            out[camera] = self._renderer.render()
-        return out
+        return render_cameras(self._renderer, self.data, self.cameras)
 
     def observe(self) -> dict[str, Any]:
         return {"images": self.render(), "state": self.state, "prompt": self.task.prompt}

@@ -98,3 +98,23 @@ def select_gl_backend() -> str:
     if chosen not in _BACKENDS:
         raise GLBackendError(f"MUJOCO_GL={chosen!r} is not a backend MuJoCo knows on Linux ({', '.join(_BACKENDS)})")
     return chosen
+
+
+def release_current_context() -> None:
+    """Unbind this thread's GL context, so the next render may come from any thread.
+
+    An EGL or OSMesa context is current in one thread at a time; MuJoCo's renderer makes its context current
+    before each frame but never releases it, so a frame from another thread (a ROS executor with several
+    threads, a helper thread) would fail with EGL_BAD_ACCESS.
+    """
+    backend = os.environ.get("MUJOCO_GL", "").lower()
+    if backend == "egl":
+        import mujoco.egl
+        from mujoco.egl import egl_ext as EGL
+
+        if mujoco.egl.EGL_DISPLAY is not None:
+            EGL.eglMakeCurrent(mujoco.egl.EGL_DISPLAY, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE, EGL.EGL_NO_CONTEXT)
+    elif backend == "osmesa":
+        from OpenGL import GL, osmesa
+
+        osmesa.OSMesaMakeCurrent(None, None, GL.GL_FLOAT, 0, 0)
