@@ -234,3 +234,40 @@ def test_frames_can_come_from_any_thread(env):
     for cam, frame in first.items():
         np.testing.assert_array_equal(frames[0][cam], frame)
     np.testing.assert_array_equal(env.render()["base"], first["base"])  # and back on this thread
+
+
+def test_gl_backend_choice_egl_then_osmesa_then_a_clear_error(monkeypatch):
+    import subprocess
+    import sys
+
+    from omni_ros.sim.so101 import gl
+
+    # A fresh process without MUJOCO_GL picks a headless backend by itself and can render with it.
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY")}
+    render = (
+        "m = mujoco.MjModel.from_xml_string('<mujoco><worldbody><geom size=\"1\"/></worldbody></mujoco>'); "
+        "r = mujoco.Renderer(m, 16, 16); print(b, os.environ['MUJOCO_GL'], r.render().shape); r.close()"
+    )
+    choose = "from omni_ros.sim.so101.gl import select_gl_backend; b = select_gl_backend(); "
+    # Chosen before mujoco is imported, and after (mujoco then bound GLFW, which needs a display).
+    for code in (choose + "import mujoco, os; " + render, "import mujoco, os; " + choose + render):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        backend, chosen, shape = out.stdout.split(maxsplit=2)
+        assert backend == chosen and backend in ("egl", "osmesa") and shape.strip() == "(16, 16, 3)"
+
+    # The choice itself, without touching this process's GL: EGL first, OSMesa without EGL, else an error.
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    monkeypatch.delenv("PYOPENGL_PLATFORM", raising=False)
+    monkeypatch.setattr(gl, "_imported", lambda module: False)
+    monkeypatch.setattr(gl, "_egl_works", lambda: False)
+    monkeypatch.setattr(gl, "_osmesa_available", lambda: True)
+    assert gl.select_gl_backend() == "osmesa"
+    assert gl.os.environ["MUJOCO_GL"] == "osmesa" and gl.os.environ["PYOPENGL_PLATFORM"] == "osmesa"
+    monkeypatch.delenv("MUJOCO_GL")
+    monkeypatch.setattr(gl, "_osmesa_available", lambda: False)
+    with pytest.raises(gl.GLBackendError, match="libosmesa6"):
+        gl.select_gl_backend()
+    monkeypatch.setenv("MUJOCO_GL", "wgl")
+    with pytest.raises(gl.GLBackendError, match="not a backend"):
+        gl.select_gl_backend()

@@ -58,6 +58,10 @@ def _egl_works() -> bool:
     return False
 
 
+def _imported(module: str) -> bool:
+    return module in sys.modules
+
+
 def _osmesa_available() -> bool:
     return ctypes.util.find_library("OSMesa") is not None
 
@@ -70,8 +74,8 @@ def select_gl_backend() -> str:
     """
     chosen = os.environ.get("MUJOCO_GL", "").strip().lower()
     if not chosen:
-        late = "mujoco" in sys.modules
-        if late and "OpenGL" in sys.modules:
+        late = _imported("mujoco")
+        if late and _imported("OpenGL"):
             raise GLBackendError(
                 "mujoco and PyOpenGL were imported before omni_ros chose a headless GL backend: set MUJOCO_GL=egl "
                 "(or osmesa) in the environment, or import omni_ros.sim.so101 first"
