@@ -237,13 +237,14 @@ def test_frames_can_come_from_any_thread(env):
 
 
 def test_gl_backend_choice_egl_then_osmesa_then_a_clear_error(monkeypatch):
+    import os
     import subprocess
     import sys
 
     from omni_ros.sim.so101 import gl
 
     # A fresh process without MUJOCO_GL picks a headless backend by itself and can render with it.
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY")}
     render = (
         "m = mujoco.MjModel.from_xml_string('<mujoco><worldbody><geom size=\"1\"/></worldbody></mujoco>'); "
         "r = mujoco.Renderer(m, 16, 16); print(b, os.environ['MUJOCO_GL'], r.render().shape); r.close()"
