@@ -32,3 +32,30 @@ def timings_ms(fn: Callable[[], object], runs: int, warmup: int = 1) -> list[flo
 
 def median_ms(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
     return round(statistics.median(timings_ms(fn, runs, warmup)), 3)
+
+
+def listen(executor: Any, started: Callable[[], bool], series: list[list], warmup: float, seconds: float) -> None:
+    """Spin `executor` until `started()` (at most 120 s), `warmup` s more, then clear `series` and record for
+    `seconds`: what the callbacks append meanwhile is the steady state."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not started():
+        executor.spin_once(timeout_sec=0.05)
+    measure_from = time.monotonic() + warmup
+    while time.monotonic() < measure_from:
+        executor.spin_once(timeout_sec=0.05)
+    for values in series:
+        values.clear()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        executor.spin_once(timeout_sec=0.02)
+
+
+def stop(executor: Any, node: Any, context: Any, procs: list) -> None:
+    """Tear down a listener and the node processes it listened to."""
+    executor.shutdown()
+    node.destroy_node()
+    context.try_shutdown()
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=30)
