@@ -34,9 +34,16 @@ def median_ms(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
     return round(statistics.median(timings_ms(fn, runs, warmup)), 3)
 
 
-def listen(executor: Any, started: Callable[[], bool], series: list[list], warmup: float, seconds: float) -> None:
+def listen(
+    executor: Any,
+    started: Callable[[], bool],
+    series: list[list],
+    warmup: float,
+    seconds: float,
+    on_measure: Callable[[], object] | None = None,
+) -> None:
     """Spin `executor` until `started()` (at most 120 s), `warmup` s more, then clear `series` and record for
-    `seconds`: what the callbacks append meanwhile is the steady state."""
+    `seconds`: what the callbacks append meanwhile is the steady state. `on_measure` runs as recording starts."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not started():
         executor.spin_once(timeout_sec=0.05)
@@ -45,6 +52,8 @@ def listen(executor: Any, started: Callable[[], bool], series: list[list], warmu
         executor.spin_once(timeout_sec=0.05)
     for values in series:
         values.clear()
+    if on_measure is not None:
+        on_measure()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         executor.spin_once(timeout_sec=0.02)

@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +45,15 @@ def offline(sizes: list[int]) -> dict:
         env.reset(0)
         env.command(env.positions + 0.3)  # moving, so the physics has work to do
         render = median_ms(env.render, 60, warmup=3)
+        cpu = time.process_time()
+        for _ in range(60):
+            env.render()
+        render_cpu = (time.process_time() - cpu) / 60 * 1e3  # all threads (llvmpipe rasterizes on several)
         step = median_ms(lambda e=env: e.step(0.02), 60, warmup=3)
         physics = median_ms(lambda e=env: e.step(sim.so101.physics_dt), 300, warmup=10)
         out[str(size)] = {
             "render_both_cameras_ms": render,
+            "render_both_cameras_cpu_ms": round(render_cpu, 3),
             "render_fps_both_cameras": round(1e3 / render, 1),
             "physics_step_ms": physics,
             "physics_steps_per_s": round(1e3 / physics),
@@ -57,6 +63,12 @@ def offline(sizes: list[int]) -> dict:
         env.close()
         print(f"[bench] {size}px: {out[str(size)]}", file=sys.stderr, flush=True)
     return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def live(mode: str, seconds: float, warmup: float) -> dict:
@@ -115,7 +127,17 @@ def live(mode: str, seconds: float, warmup: float) -> dict:
         executor = SingleThreadedExecutor(context=context)
         executor.add_node(node)
         try:
-            listen(executor, lambda: bool(commands), [commands, chunks, states, *images.values()], warmup, seconds)
+            cpu_before: list[float] = []
+
+            listen(
+                executor,
+                lambda: bool(commands),
+                [commands, chunks, states, *images.values()],
+                warmup,
+                seconds,
+                on_measure=lambda: cpu_before.extend(cpu_seconds(p.pid) for p in procs),
+            )
+            cpu_used = [cpu_seconds(p.pid) - before for p, before in zip(procs, cpu_before, strict=True)]
         finally:
             stop(executor, node, context, procs)
 
@@ -126,7 +148,9 @@ def live(mode: str, seconds: float, warmup: float) -> dict:
     intervals = np.diff(commands) * 1e3 if len(commands) > 1 else np.zeros(1)
     latency = [(arrive - s) * 1e3 for s, arrive in chunks]
     done = [e for e in episodes.values() if e.get("success") or e.get("time", 0) >= data["sim"]["episode_time_s"] - 0.1]
+    names = ["sim", "policy"] if mode == "processes" else ["all nodes"]
     return {
+        "cpu_percent_of_one_core": {n: round(100 * c / seconds, 1) for n, c in zip(names, cpu_used, strict=True)},
         "command_rate_hz": command_rate,
         "command_rate_error_pct": round(abs(command_rate - 50.0) / 50.0 * 100, 3),
         "command_interval_ms_p50": round(float(np.percentile(intervals, 50)), 3),
