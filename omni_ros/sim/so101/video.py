@@ -1,7 +1,7 @@
 """A video of a policy driving the SO-101, filmed at a display size while the policy sees its own cameras.
 
     python -m omni_ros.sim.so101.video [--checkpoint checkpoints/so101] [--out docs/so101_demo.gif]
-                                       [--episodes 3] [--size 224] [--seed 1000000]
+                                       [--episodes 3] [--size 160] [--seed 1000000]
 
 The episodes are the closed-loop evaluation's (omni_ros.sim.evaluate: each layout with its own prompt,
 then with a prompt naming another cube): the policy gets the configured camera images (96 px in
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="docs/so101_demo.gif", help=".gif/.webp/.mp4 to write")
     parser.add_argument("--episodes", type=int, default=3, help="layouts (each with two prompts)")
     parser.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="first layout seed")
-    parser.add_argument("--size", type=int, default=224, help="video frame size per camera, px")
+    parser.add_argument("--size", type=int, default=160, help="video frame size per camera, px")
     parser.add_argument("--every", type=int, default=4, help="keep every n-th 50 Hz control tick")
     parser.add_argument("--fps", type=float, default=12.5)
     args = parser.parse_args(argv)
