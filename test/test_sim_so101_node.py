@@ -169,7 +169,7 @@ def test_up_sim_so101_in_one_process_reaches_the_prompted_cubes(root):
     """`omni-ros up --sim so101` (what `make demo SIM=so101` runs): every node in one process on the shipped
     config; the episodes it prints end in success."""
     out = subprocess.run(
-        [sys.executable, "-m", "omni_ros.cli", "up", "--sim", "so101", "--duration", "30"],
+        [sys.executable, "-m", "omni_ros.cli", "up", "--sim", "so101", "--duration", "20"],
         cwd=root,
         capture_output=True,
         text=True,
