@@ -16,7 +16,7 @@ demo: setup
 
 # The whole test suite (what CI runs).
 test: setup
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n 2
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
