@@ -19,11 +19,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-from common import emit
+from common import emit, listen, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,25 +82,9 @@ sim: {{camera_rate_hz: 30.0, auto_reset_s: 0.0}}
         executor = SingleThreadedExecutor(context=context)
         executor.add_node(node)
         try:
-            start = time.monotonic()
-            while time.monotonic() - start < 60 and not commands:
-                executor.spin_once(timeout_sec=0.05)
-            measure_from = time.monotonic() + warmup
-            while time.monotonic() < measure_from:
-                executor.spin_once(timeout_sec=0.05)
-            chunks.clear()
-            commands.clear()
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                executor.spin_once(timeout_sec=0.05)
+            listen(executor, lambda: bool(commands), [chunks, commands], warmup, seconds)
         finally:
-            executor.shutdown()
-            node.destroy_node()
-            context.try_shutdown()
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(timeout=20)
+            stop(executor, node, context, procs)
 
     latency = [(arrive - stamp) * 1e3 for stamp, arrive, _ in chunks]
     stamps = np.array([t for t, _ in commands])
