@@ -10,6 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# Importing omni_ros puts torch's thread settings (OMP_WAIT_POLICY) in place before anything loads torch, in this
+# process and the workers it starts (omni_ros/cpu_threads.py); benchmarks measure what the product runs.
+import omni_ros  # noqa: F401
+
 
 def emit(report: dict[str, Any], out: str | None) -> None:
     text = json.dumps(report, indent=2)
@@ -58,3 +62,39 @@ class SpawnedServer:
         self._proc.join(30)
         if self._proc.is_alive():
             self._proc.kill()
+
+
+def listen(
+    executor: Any,
+    started: Callable[[], bool],
+    series: list[list],
+    warmup: float,
+    seconds: float,
+    on_measure: Callable[[], object] | None = None,
+) -> None:
+    """Spin `executor` until `started()` (at most 120 s), `warmup` s more, then clear `series` and record for
+    `seconds`: what the callbacks append meanwhile is the steady state. `on_measure` runs as recording starts."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not started():
+        executor.spin_once(timeout_sec=0.05)
+    measure_from = time.monotonic() + warmup
+    while time.monotonic() < measure_from:
+        executor.spin_once(timeout_sec=0.05)
+    for values in series:
+        values.clear()
+    if on_measure is not None:
+        on_measure()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        executor.spin_once(timeout_sec=0.02)
+
+
+def stop(executor: Any, node: Any, context: Any, procs: list) -> None:
+    """Tear down a listener and the node processes it listened to."""
+    executor.shutdown()
+    node.destroy_node()
+    context.try_shutdown()
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=30)

@@ -12,6 +12,9 @@ region and one thread can be several times faster.
 
 from __future__ import annotations
 
+import omni_ros  # noqa: F401  (before torch: its OpenMP thread settings, omni_ros/cpu_threads.py)
+
+# isort: split
 import argparse
 from pathlib import Path
 

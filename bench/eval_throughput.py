@@ -12,6 +12,9 @@ JSON document.
 
 from __future__ import annotations
 
+import omni_ros  # noqa: F401  (before torch: its OpenMP thread settings, omni_ros/cpu_threads.py)
+
+# isort: split
 import argparse
 import platform
 import sys

@@ -11,6 +11,9 @@ peak RSS. Everything is measured in one process, one preset after the other.
 
 from __future__ import annotations
 
+import omni_ros  # noqa: F401  (before torch: its OpenMP thread settings, omni_ros/cpu_threads.py)
+
+# isort: split
 import argparse
 import platform
 import resource

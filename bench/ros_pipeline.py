@@ -19,11 +19,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-from common import emit
+from common import emit, listen, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,16 +31,18 @@ def pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 3) if values else float("nan")
 
 
-def run_case(preset: str, mode: str, seconds: float, warmup: float) -> dict:
+def run_case(preset: str, mode: str, seconds: float, warmup: float, policy: str | None = None) -> dict:
+    """One sim + policy node pair; `policy` replaces the `policy:` section (YAML flow mapping) when given."""
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from trajectory_msgs.msg import JointTrajectory
 
     from omni_ros.msg import ActionChunk
 
+    policy = policy or f"{{preset: {preset}, num_threads: 1}}"
     config = f"""
 name: bench
-policy: {{preset: {preset}, num_threads: 1}}
+policy: {policy}
 robot: {{joint_names: [joint_1, joint_2, joint_3], control_rate_hz: 50.0, dry_run: false}}
 control: {{blending: {mode}}}
 sim: {{camera_rate_hz: 30.0, auto_reset_s: 0.0}}
@@ -81,25 +82,9 @@ sim: {{camera_rate_hz: 30.0, auto_reset_s: 0.0}}
         executor = SingleThreadedExecutor(context=context)
         executor.add_node(node)
         try:
-            start = time.monotonic()
-            while time.monotonic() - start < 60 and not commands:
-                executor.spin_once(timeout_sec=0.05)
-            measure_from = time.monotonic() + warmup
-            while time.monotonic() < measure_from:
-                executor.spin_once(timeout_sec=0.05)
-            chunks.clear()
-            commands.clear()
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                executor.spin_once(timeout_sec=0.05)
+            listen(executor, lambda: bool(commands), [chunks, commands], warmup, seconds)
         finally:
-            executor.shutdown()
-            node.destroy_node()
-            context.try_shutdown()
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(timeout=20)
+            stop(executor, node, context, procs)
 
     latency = [(arrive - stamp) * 1e3 for stamp, arrive, _ in chunks]
     stamps = np.array([t for t, _ in commands])
@@ -115,8 +100,8 @@ sim: {{camera_rate_hz: 30.0, auto_reset_s: 0.0}}
         "obs_to_chunk_ms_p50": pct(latency, 50),
         "obs_to_chunk_ms_p95": pct(latency, 95),
         "commands": len(commands),
-        "command_rate_hz": round(rate, 3),
-        "command_rate_error_pct": round(abs(rate - 50.0) / 50.0 * 100, 3),
+        "command_rate_hz": round(float(rate), 3),
+        "command_rate_error_pct": round(float(abs(rate - 50.0) / 50.0 * 100), 3),
         "tick_jitter_ms_p50": pct(list(jitter), 50),
         "tick_jitter_ms_p95": pct(list(jitter), 95),
         "max_command_jump_rad": round(float(jumps.max()), 5),

@@ -138,4 +138,12 @@ def load_config(path: str | os.PathLike | None = None, cls: type[T] = OmniConfig
         policy.tokenizer = str((path.parent / policy.tokenizer).resolve())
     if isinstance(policy, PolicyConfig) and policy.onnx and not Path(policy.onnx).is_absolute():
         policy.onnx = str((path.parent / policy.onnx).resolve())
+    if isinstance(policy, PolicyConfig) and policy.remote.ca_file and not Path(policy.remote.ca_file).is_absolute():
+        policy.remote.ca_file = str((path.parent / policy.remote.ca_file).resolve())
+    serve = getattr(config, "serve", None)
+    if isinstance(serve, ServeConfig):
+        for key in ("tls_cert", "tls_key"):
+            value = getattr(serve, key)
+            if value and not Path(value).is_absolute():
+                setattr(serve, key, str((path.parent / value).resolve()))
     return config

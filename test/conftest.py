@@ -1,7 +1,9 @@
-"""Test-wide settings: DDS stays on loopback, on a domain of this run's own."""
+"""Test-wide settings: DDS stays on loopback, on a domain of this run's own; how `make test` shares the suite
+between its two pytest-xdist workers."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -10,7 +12,19 @@ import pytest
 
 # Set before anything imports rclpy, and inherited by every child process.
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-os.environ.setdefault("ROS_DOMAIN_ID", str(100 + os.getpid() % 100))
+# One domain per run and per xdist worker (gw0, gw1, ...): two workers never see each other's topics.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_RUN = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
+os.environ.setdefault("ROS_DOMAIN_ID", str(100 + (_RUN % 30) * 4 + _WORKER % 4))
+
+# Modules that share one session-cached export (test/helpers/pte_cache.py) run on one worker, so each variant is
+# exported once per run; the rest are spread module by module (module fixtures stay shared). Biggest first.
+SHARED_EXPORTS = {
+    "test_export_xnnpack.py": "pte",
+    "test_export_serving.py": "pte",
+    "test_export_onnx.py": "onnx",
+    "test_onnx_qnn.py": "onnx",
+}
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = Path(__file__).resolve().parent / "helpers"
@@ -48,3 +62,21 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The long export groups first: a worker that starts them last would finish alone.
+    items.sort(key=lambda item: Path(str(item.path)).name not in SHARED_EXPORTS)
+
+
+if importlib.util.find_spec("xdist") is not None:  # the hook exists only with the plugin
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+        from xdist.scheduler import LoadScopeScheduling
+
+        class SharedExportScheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                module = nodeid.split("::", 1)[0]
+                return SHARED_EXPORTS.get(Path(module).name, module)
+
+        return SharedExportScheduling(config, log)

@@ -109,11 +109,11 @@ def test_errors_name_the_openpi_key():
 
     assert "must be numeric" in _bad("libero", text_state)
 
-    def float_image(o):
-        o["observation/image"] = o["observation/image"].astype(np.float32)
+    def int_image(o):
+        o["observation/image"] = o["observation/image"].astype(np.int64)
         return o
 
-    assert "image 'observation/image' must be uint8" in _bad("libero", float_image)
+    assert "image 'observation/image' must be uint8 (or float in [0, 1])" in _bad("libero", int_image)
 
     def seven_channels(o):
         o["observation/image"] = np.zeros((224, 224, 7), np.uint8)

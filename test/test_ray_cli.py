@@ -113,3 +113,11 @@ def test_the_shipped_serve_config_is_valid_and_builds(root):
     assert (spec.replicas, spec.design, spec.serve.keymap, spec.serve.batching.enabled) == (2, "fused", "droid", True)
     with pytest.raises(ConfigError, match="unknown argument"):
         spec_from_args({"replica": 2})
+
+
+def test_serve_ray_refuses_tls_before_starting_a_cluster(root, capsys):
+    from omni_ros.cli import main
+
+    assert main(["serve", "--ray", "--tls-cert", "cert.pem", "--tls-key", "key.pem"]) == 2
+    err = capsys.readouterr().err
+    assert "wss:// is served by `omni-ros serve` itself" in err

@@ -103,6 +103,9 @@ def test_openpi_client_gets_the_single_process_servers_actions_from_both_replica
     assert {k: v for k, v in meta.items() if k not in ("design", "replica")} == local_meta
     # Connections spread over the replicas, and each keeps its replica for life.
     assert len({_replica(c)["id"] for c in clients}) == 2
+    # Each replica process runs the policy's thread settings: policy.num_threads, idle workers asleep.
+    threads = {json.dumps(_replica(c)["threads"], sort_keys=True) for c in clients}
+    assert [json.loads(t) for t in threads] == [{"wait_policy": "passive", "num_threads": 1, "torch_imported": True}]
     rng = np.random.default_rng(0)
     for i in range(3):
         obs = droid_obs(rng, prompt=f"task {i}")

@@ -7,13 +7,19 @@ remote      an OpenPI WebSocket server (ours, openpi's, a relay), reached with `
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from omni_ros import cpu_features, cpu_threads
 from omni_ros.policy.base import Policy
 from omni_ros.policy.config import PolicyConfig
 from omni_ros.typed_config import ConfigError
+
+logger = logging.getLogger("omni_ros.policy")
+# Fallback warnings already given in this process: one per missing feature, not one per load.
+_warned: set[str] = set()
 
 
 def load_policy(
@@ -28,10 +34,8 @@ def load_policy(
     or a remote server carries its own, and they must agree with it. Relative paths in the config were
     resolved against the config file's folder when it was loaded.
     """
-    if config.num_threads > 0:
-        import torch
-
-        torch.set_num_threads(config.num_threads)
+    # Before the backend imports torch where it can (the CLI and nodes did it already): threads and waiting.
+    cpu_threads.configure(config)
     if config.backend == "torch":
         return _load_torch(config, camera_names, state_dim, action_dim)
     if config.backend == "executorch":
@@ -46,12 +50,38 @@ def load_policy(
 def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
     from omni_ros.policy.loading import from_preset, load
 
-    common = {"device": config.device, "dtype": config.dtype, "seed": config.seed, "num_steps": config.num_steps}
+    dtype = runtime_dtype(config)
+    common = {"device": config.device, "dtype": dtype, "seed": config.seed, "num_steps": config.num_steps}
     if config.checkpoint:
         policy = load(config.checkpoint, tokenizer=config.tokenizer, **common)
         check_agrees(policy, camera_names, state_dim, action_dim, config.checkpoint)
         return policy
     return from_preset(config.preset, camera_names=camera_names, state_dim=state_dim, action_dim=action_dim, **common)
+
+
+def runtime_dtype(config: PolicyConfig) -> str:
+    """`policy.dtype`, unless it is bfloat16 on a CPU that would only emulate it (minutes per large matmul):
+    then float32 with one warning naming the missing feature, or an error when `policy.strict_dtype` is set."""
+    if config.dtype != "bfloat16" or not config.device.startswith("cpu"):
+        return config.dtype
+    missing = cpu_features.missing_bf16_feature()
+    if missing is None:
+        return config.dtype
+    if config.strict_dtype:
+        from omni_ros.policy.torch_runner import DeviceError
+
+        raise DeviceError(
+            f"policy.dtype is bfloat16 but this CPU lacks {missing}, so torch would emulate bf16 (a large matmul "
+            f"takes minutes); use dtype float32, a CPU with {missing}, or policy.strict_dtype: false to fall back"
+        )
+    if missing not in _warned:
+        _warned.add(missing)
+        logger.warning(
+            "policy.dtype bfloat16: this CPU lacks %s (bf16 would be emulated, minutes per large matmul); running "
+            "float32 instead (policy.strict_dtype: true refuses)",
+            missing,
+        )
+    return "float32"
 
 
 def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
@@ -94,6 +124,7 @@ def _load_remote(config: PolicyConfig, camera_names, state_dim, action_dim) -> P
         connect_timeout_s=remote.connect_timeout_s,
         deadline_s=remote.deadline_s,
         retries=remote.retries,
+        ca_file=remote.ca_file or None,
     )
     try:
         check_agrees(policy, camera_names, state_dim, action_dim, remote.url)

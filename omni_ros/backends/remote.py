@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -95,8 +96,15 @@ class RemoteRunner:
         backoff_max_s: float = 1.0,
         max_message_bytes: int | None = None,
         ping_interval_s: float | None = 20.0,
+        ca_file: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
+        # wss://: the server's certificate is checked against the system's CAs, or `ca_file` (a self-signed
+        # certificate, or a private CA), or a context of your own.
+        if (ca_file or ssl_context) and not self.url.startswith("wss://"):
+            raise RemotePolicyError(f"ca_file / ssl_context need a wss:// URL, got {self.url}")
+        self._ssl = ssl_context or (ssl.create_default_context(cafile=ca_file) if ca_file else None)
         self.api_key = api_key
         self.connect_timeout_s = connect_timeout_s
         self.deadline_s = deadline_s
@@ -140,6 +148,7 @@ class RemoteRunner:
                     ping_interval=self.ping_interval_s,
                     ping_timeout=self.ping_interval_s,
                     close_timeout=1.0,
+                    **({"ssl": self._ssl} if self._ssl is not None else {}),
                     **_LEGACY,
                 )
                 first = ws.recv(timeout=timeout)
@@ -165,6 +174,12 @@ class RemoteRunner:
                 error: Exception = exc
             except InvalidURI as exc:
                 raise RemotePolicyError(f"bad server URL {self.url!r}: {exc}") from exc
+            except ssl.SSLCertVerificationError as exc:
+                _close(ws)
+                raise RemotePolicyError(
+                    f"{self.url}: the server's TLS certificate is not trusted ({exc.verify_message}); "
+                    f"pass ca_file= with its certificate or CA"
+                ) from exc
             except RemotePolicyError:
                 _close(ws)
                 raise

@@ -9,8 +9,33 @@ from omni_ros.commands.common import add_config_args, config_from_args
 from omni_ros.typed_config import ConfigError
 
 
-def run(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace):
+    """--config / --sim when given; else the config the bags were recorded with; else config/default.yaml.
+
+    Episode markers the chosen config lacks come from the bag when it recorded some.
+    """
+    from omni_ros.eval.recorded import apply_recorded_markers, recorded_config
+
+    recorded = recorded_config(args.bags)
+    if recorded is not None and args.config is None and not args.sim:
+        print(f"omni-ros eval: using the {recorded.describe()}", file=sys.stderr)
+        from omni_ros import cpu_threads
+
+        cpu_threads.configure(recorded.config.policy)
+        return recorded.config
     config = config_from_args(args)
+    if recorded is not None and apply_recorded_markers(config, recorded):
+        ev = config.eval
+        print(
+            f"omni-ros eval: episode markers from {recorded.bag}: {ev.episode_marker_topic or '-'}, "
+            f"gap {ev.episode_gap_s:g} s",
+            file=sys.stderr,
+        )
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = _config(args)
     if args.rate is not None:
         config.eval.rate_hz = args.rate
     if args.every is not None:
@@ -46,8 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="replay rosbags through the assembler and policy; metrics.json, report.html and a summary",
         description="Replay recorded rosbag2 episodes (mcap or sqlite3) through the policy node's observation "
         "assembly and the configured policy, and score the predicted chunks against the recorded commands. "
-        "Topics and scoring come from the config's eval: section. With --realtime the bag is instead played "
-        "with its original timing to a running policy node over ROS, and what the node publishes is scored.",
+        "Topics and scoring come from the config's eval: section; without --config or --sim, a bag written by "
+        "`omni-ros bag record-sim` brings the config it was recorded with (robot, topics, episode markers). "
+        "With --realtime the bag is instead played with its original timing to a running policy node over ROS, "
+        "and what the node publishes is scored.",
     )
     p.add_argument("bags", nargs="+", metavar="BAG", help="rosbag2 directory, .mcap or .db3 file")
     add_config_args(p)

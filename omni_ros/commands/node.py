@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from omni_ros.commands.common import add_sim_arg, sim_config_path
 from omni_ros.config import CONFIG_DIR
 
 NODES = {
@@ -16,7 +17,7 @@ NODES = {
 
 
 def run(args: argparse.Namespace) -> int:
-    config = args.config or str(CONFIG_DIR / ("sim.yaml" if args.sim else "default.yaml"))
+    config = args.config or str(sim_config_path(args.sim) if args.sim else CONFIG_DIR / "default.yaml")
     argv = ["--config", config, *args.rest]
     if args.sim and args.name == "policy":
         argv.append("--sim")
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("node", help="run one node (policy, sim, bridge, tts) in this process")
     p.add_argument("name", choices=sorted(NODES), help="which node")
-    p.add_argument("--config", help="YAML config (default: config/default.yaml, or config/sim.yaml with --sim)")
-    p.add_argument("--sim", action="store_true", help="the simulated robot: config/sim.yaml, dry_run off")
+    p.add_argument("--config", help="YAML config (default: config/default.yaml, or the simulator's with --sim)")
+    add_sim_arg(p)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="node options and --ros-args ...")
     p.set_defaults(func=run)

@@ -37,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
         serve.keymap = args.keymap
     if args.api_key is not None:
         serve.api_key = args.api_key
+    if args.strict_keys is not None:
+        serve.strict_keys = args.strict_keys
+    if args.tls_cert is not None:
+        serve.tls_cert = args.tls_cert
+    if args.tls_key is not None:
+        serve.tls_key = args.tls_key
     if args.batching is not None:
         serve.batching.enabled = args.batching
     if args.max_batch is not None:
@@ -53,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         await server.start()
-        print(f"omni-ros serve: listening on {server.url} (health: http://{serve.host}:{server.port}/healthz)")
+        http = "https" if server.url.startswith("wss") else "http"
+        print(f"omni-ros serve: listening on {server.url} (health: {http}://{serve.host}:{server.port}/healthz)")
         print(json.dumps(server.metadata, indent=2, default=str))
         sys.stdout.flush()
         await server.serve_forever()
@@ -74,6 +81,11 @@ def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
 
         load_keymap(config.serve.keymap)  # a bad name fails here, not in every replica
     serve = config.serve
+    if serve.tls_cert or serve.tls_key:
+        raise ConfigError(
+            "serve.tls_cert / serve.tls_key: wss:// is served by `omni-ros serve` itself; with --ray, terminate TLS "
+            "in front of Serve's proxy (a reverse proxy on the same host)"
+        )
     port = serve.port or free_port(serve.host)
     if args.ray_address:
         cluster: Any = RemoteCluster(args.ray_address)
@@ -101,6 +113,9 @@ def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
             num_gpus=args.num_gpus,
         )
         url = f"ws://{serve.host}:{port}"
+        from omni_ros.serving.service import resolve_api_key, warn_if_exposed
+
+        warn_if_exposed(url, serve.host, resolve_api_key(serve), False, serve.api_key_env)
         metadata = deploy(spec, url)
         print(
             f"omni-ros serve: listening on {url} (health: http://{serve.host}:{port}/healthz); Ray Serve, "
@@ -130,6 +145,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keymap", help="openpi key layout: droid, libero, aloha, canonical, or a YAML path")
     p.add_argument(
         "--api-key", help="require `Authorization: Api-Key KEY` (default: serve.api_key / $OMNI_ROS_API_KEY)"
+    )
+    p.add_argument("--tls-cert", metavar="PEM", help="serve wss:// with this certificate chain (serve.tls_cert)")
+    p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert (serve.tls_key)")
+    p.add_argument(
+        "--strict-keys",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="refuse observations with keys the key map does not name (default: skip them with one warning, "
+        "as openpi does; serve.strict_keys)",
     )
     p.add_argument("--batching", action=argparse.BooleanOptionalAction, default=None, help="dynamic batching")
     p.add_argument("--max-batch", type=int, help="largest batch when batching")

@@ -100,7 +100,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--episodes", type=int, default=100, help="episodes (one layout each)")
     c.add_argument("--out", required=True, help="dataset folder")
     c.add_argument("--seed", type=int, default=0, help="first episode seed (episodes use seed..seed+N-1)")
-    c.add_argument("--config", help="config whose sim: section describes the robot (default config/sim.yaml)")
+    c.add_argument(
+        "--config",
+        help="config whose sim: section describes the robot (default config/sim.yaml, the planar arm; "
+        "config/sim_so101.yaml: the SO-101 in MuJoCo)",
+    )
     c.add_argument("--append", action="store_true", help="add episodes to an existing dataset in --out")
     c.add_argument("--n-blocks", type=int, help="blocks on the table (default: sim.n_blocks; 1 is a warm-up)")
     c.add_argument("--horizon", type=int, help="actions per expert chunk (default 16, the demo preset's)")
@@ -240,7 +244,11 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     e.add_argument("--seed", type=int, default=HELD_OUT_SEED, help=f"first seed (default {HELD_OUT_SEED})")
     e.add_argument("--checkpoint", help="checkpoint folder (default: the policy of --config)")
     e.add_argument("--preset", help="evaluate a built-in architecture with random weights instead")
-    e.add_argument("--config", help="config with sim:, control: and policy: sections (default config/sim.yaml)")
+    e.add_argument(
+        "--config",
+        help="config with sim:, control: and policy: sections (default config/sim.yaml; config/sim_so101.yaml: "
+        "the SO-101 in MuJoCo)",
+    )
     e.add_argument("--latency", type=float, default=0.1, help="simulated inference latency, s")
     e.add_argument(
         "--blending",

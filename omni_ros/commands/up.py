@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-from omni_ros.commands.common import add_config_args, config_from_args
+from omni_ros.commands.common import add_config_args, config_from_args, sim_config_path
 
 
 def run(args: argparse.Namespace) -> int:
     from omni_ros.launcher import run_stack
 
+    # With --processes every node reads the file itself: hand on the simulator's when none was given.
+    config_path = args.config or (str(sim_config_path(args.sim)) if args.sim else None)
     return run_stack(
         config_from_args(args),
-        sim=args.sim,
+        sim=bool(args.sim),
         duration=args.duration,
         bridge=args.bridge,
         tts=args.tts,
         processes=args.processes,
-        config_path=args.config,
+        config_path=config_path,
     )
 
 
@@ -27,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="start the nodes: policy (+ sim robot with --sim, + OpenPI bridge, + TTS); Ctrl-C stops them",
         description="Start the omni_ros nodes in one process (shared policy and executor) or, with "
         "--processes, one process per node. With --sim the simulated robot is started too and commands flow "
-        "(dry_run off); on a real robot the default config is a dry run until you turn it off.",
+        "(dry_run off): `--sim` the planar arm, `--sim so101` the SO-101 in MuJoCo; on a real robot the default "
+        "config is a dry run until you turn it off.",
     )
     add_config_args(p)
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: run until Ctrl-C)")

@@ -134,6 +134,7 @@ class Bag:
             self.start_ns = int(self._reader.start_time) if self._reader.message_count else 0
             self.end_ns = int(self._reader.end_time) if self._reader.message_count else 0
             self.typestore = typestore_for(self.connections)
+            self.custom_data = _custom_data(self._reader)
         except Exception as exc:
             self.close()
             raise BagError(f"bag {self.name}: corrupt index or metadata: {exc}") from exc
@@ -239,6 +240,13 @@ def _recover(target: Path) -> Any:
     except Exception:
         return None
     return reader if reader.message_count else None
+
+
+def _custom_data(reader: Any) -> dict[str, str]:
+    """metadata.yaml's custom_data (what the recorder said about the bag); none for a bare or recovered file."""
+    metadata = getattr(getattr(reader, "storage", None), "metadata", None)
+    custom = getattr(metadata, "custom", None)
+    return {str(k): str(v) for k, v in custom.items()} if isinstance(custom, dict) else {}
 
 
 def _storage_of(target: Path, reader: Any) -> str:

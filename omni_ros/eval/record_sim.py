@@ -7,7 +7,9 @@ expert's chunks go through the real `ActionChunkExecutor`, as in `omni_ros.sim.r
 is mapped onto a fixed epoch, so the same seed always writes the same bag.
 
 Episodes follow each other with `gap_s` of silence; the episode list (seed, target, prompt, success,
-start time) is stored in the bag's metadata as custom data `omni_ros.episodes` (JSON).
+start time) is stored in the bag's metadata as custom data `omni_ros.episodes` (JSON), and the config it ran,
+with an `eval:` section that replays this bag (topics and episode markers), as `omni_ros.config`
+(omni_ros/eval/recorded.py), so `omni-ros eval BAG` needs no other config.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import numpy as np
 from omni_ros.config import OmniConfig
 from omni_ros.control.executor import ActionChunkExecutor
 from omni_ros.eval.bagwrite import BagWriter
+from omni_ros.eval.recorded import CONFIG_KEY, config_json, recording_eval_config
 from omni_ros.sim.collect import CollectOptions, make_expert
-from omni_ros.sim.env import SimEnv
+from omni_ros.sim.engines import make_env
 from omni_ros.sim.rollout import expert_policy
 
 # Bag time of the first episode (2023-11-14T22:13:20Z): realistic stamps, deterministic output.
@@ -63,7 +66,7 @@ def record_sim(
 ) -> list[RecordedEpisode]:
     """Write `episodes` expert episodes to the rosbag2 `out`; each runs until success + `linger_s` or time-out."""
     sim = config.sim
-    env = SimEnv(sim)
+    env = make_env(sim)
     rate = config.robot.control_rate_hz
     period = 1.0 / rate
     names = list(env.joint_names)
@@ -87,14 +90,14 @@ def record_sim(
                 t = base + now
                 if now + 1e-9 >= next_state:
                     bag.joint_state(
-                        sim.joint_state_topic, names, env.arm.q, t, t + TRANSPORT_DELAY_S, velocities=env.arm.qd
+                        sim.joint_state_topic, names, env.positions, t, t + TRANSPORT_DELAY_S, velocities=env.velocities
                     )
                     next_state += 1.0 / sim.joint_state_rate_hz
                 if now + 1e-9 >= next_cam:
                     for cam, frame in env.render().items():
                         bag.image(cam_topics[cam], frame, t, t + TRANSPORT_DELAY_S)
                     next_cam += 1.0 / sim.camera_rate_hz
-                executor.observe_position(env.arm.q)
+                executor.observe_position(env.positions)
                 if executor.should_request(now):
                     request = executor.request_started(now)
                     actions = np.asarray(policy({"state": env.state}), dtype=np.float32)
@@ -126,4 +129,6 @@ def record_sim(
                 progress(k, episode)
             base += env.time + gap_s
         bag.set_custom_data("omni_ros.episodes", json.dumps([e.to_dict() for e in recorded]))
+        replay = recording_eval_config(config, cam_topics, sim.joint_state_topic, sim.prompt_topic, gap_s)
+        bag.set_custom_data(CONFIG_KEY, config_json(config, replay))
     return recorded

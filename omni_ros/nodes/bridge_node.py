@@ -65,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OmniRosError as exc:
         print(f"bridge_node: {exc}", file=sys.stderr)
         return 2
+    from omni_ros import cpu_threads
+
+    cpu_threads.configure(config.policy)
     return run_node("bridge_node", lambda: BridgeNode(config), ros_args, (OmniRosError, OSError))
 
 

@@ -243,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.sim:
         config.robot.dry_run = False
+    from omni_ros import cpu_threads
+
+    cpu_threads.configure(config.policy)
     return run_node("policy_node", lambda: PolicyNode(config), ros_args, (), activate=not args.no_activate)
 
 

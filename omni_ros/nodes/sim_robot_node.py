@@ -32,7 +32,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from omni_ros.config import OmniConfig
 from omni_ros.ros_convert import rgb_to_image
-from omni_ros.sim.env import SimEnv
+from omni_ros.sim.engines import make_env
 
 # Reliable publishers serve both reliable and best-effort (sensor-data) subscribers.
 SENSOR_QOS = QoSProfile(depth=2, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE)
@@ -47,7 +47,7 @@ class SimRobotNode(Node):
 
     def __init__(self, config: OmniConfig, node_name: str = "omni_ros_sim", seed: int | None = None, **kwargs) -> None:
         sim = config.sim
-        env = SimEnv(sim)  # SimConfig checked its settings; the env fails here, before any ROS entity exists
+        env = make_env(sim)  # SimConfig checked its settings; the simulator fails here, before any ROS entity
         super().__init__(node_name, **kwargs)
         self.config = config
         self.env = env
@@ -74,7 +74,7 @@ class SimRobotNode(Node):
         self.create_timer(1.0 / sim.camera_rate_hz, self._on_camera_timer, callback_group=self._group)
         cams = ", ".join(sim.camera_topic.format(camera=c) for c in sim.cameras)
         self.get_logger().info(
-            f"simulated {env.arm.n_joints}-joint arm: cameras {cams} at {sim.camera_rate_hz:g} Hz, "
+            f"simulated {sim.engine} {env.n_joints}-joint arm: cameras {cams} at {sim.camera_rate_hz:g} Hz, "
             f"joint states {sim.joint_state_topic}, commands {config.control.command_topic}"
         )
 
@@ -137,8 +137,8 @@ class SimRobotNode(Node):
         msg = JointState()
         msg.header.stamp = self.get_clock().now().to_msg()
         msg.name = list(self.env.joint_names)
-        msg.position = self.env.arm.q.tolist()
-        msg.velocity = self.env.arm.qd.tolist()
+        msg.position = self.env.positions.tolist()
+        msg.velocity = self.env.velocities.tolist()
         self._joint_pub.publish(msg)
 
     def _on_camera_timer(self) -> None:
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, ros_args = parser.parse_known_args(argv)
     try:
         config = load_config(args.config)
-        SimEnv(config.sim)
+        make_env(config.sim)
     except (ConfigError, ValueError) as exc:
         print(f"sim_robot_node: config error: {exc}", file=sys.stderr)
         return 2

@@ -23,6 +23,9 @@ class RemoteConfig:
     # Sent as `Authorization: Api-Key ...`; empty: the environment variable named by api_key_env, if set.
     api_key: str = ""
     api_key_env: str = "OMNI_ROS_API_KEY"
+    # wss:// with a self-signed certificate or a private CA: its PEM file (default: the system's CAs).
+    # Relative to the config file.
+    ca_file: str | None = None
     connect_timeout_s: float = 5.0
     # A reply later than this is never used (the connection is dropped instead).
     deadline_s: float = 2.0
@@ -31,6 +34,8 @@ class RemoteConfig:
     def __post_init__(self) -> None:
         if self.url and not self.url.startswith(("ws://", "wss://")) and "://" in self.url:
             raise FieldError("url", f"must be ws://host:port or wss://host:port, got {self.url!r}")
+        if self.ca_file and not self.url.startswith("wss://"):
+            raise FieldError("ca_file", f"needs a wss:// url, got {self.url!r}")
         for name in ("connect_timeout_s", "deadline_s"):
             if getattr(self, name) <= 0:
                 raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
@@ -58,12 +63,18 @@ class PolicyConfig:
     providers: list[str] = field(default_factory=lambda: ["cpu"])
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    # bfloat16 on a CPU without native bf16 (AVX512_BF16 / AMX_BF16, Arm BF16) runs float32 with a warning;
+    # true refuses to start instead (omni_ros/cpu_features.py).
+    strict_dtype: bool = False
     # Euler steps of the flow-matching sampler; null keeps the model's own (10 for small/pi0).
     num_steps: int | None = None
     # Seed of the sampling noise; null draws fresh noise every call.
     seed: int | None = 0
-    # torch intra-op threads; 0 keeps torch's default.
+    # torch intra-op threads; 0 keeps torch's default (one per core). Set before torch starts its pool.
     num_threads: int = 0
+    # How torch's idle OpenMP workers wait: passive (sleep; steady on a shared CPU), active (spin), runtime
+    # (the OpenMP default); null keeps $OMP_WAIT_POLICY, else passive. See omni_ros/cpu_threads.py.
+    omp_wait_policy: Literal["passive", "active", "runtime"] | None = None
     # A tokenizer.json / tokenizer.model (or its folder) for a LeRobot or openpi checkpoint that ships none;
     # null: the checkpoint folder, then the local Hugging Face cache. Relative to the config file.
     tokenizer: str | None = None

@@ -4,11 +4,17 @@ A batch waits at most `max_wait_ms` for more requests, counted from its first
 request's arrival or from the end of the previous batch, whichever is later:
 clients answered by one batch get that long to rejoin the next, so sixteen
 clients settle into batches of sixteen rather than alternating halves. It does
-not wait at all when no other client could add to it (`idle_clients` returns
-0: every connected client already has a request queued or running), so a lone
-client pays no batching delay. A batch never exceeds `max_batch`. `infer_batch` must give each
-observation the result `infer` would give it alone; if it raises, each request
-of that batch is retried alone, so one bad observation fails only its sender.
+not wait at all when no other client could add to it: every connected client
+(`clients()`, one request at a time each, as the OpenPI protocol has it) already
+has a request queued, so a lone client pays no batching delay. That test counts
+the queue itself, on the event loop, at the moment of dispatch; a count kept
+elsewhere (connections "busy" from frame arrival to reply) runs ahead of the
+queue while a received request is still being decoded or an answered one is
+still being sent, and would dispatch a batch without requests that are about
+to join it. A batch takes every request queued at dispatch time, up to
+`max_batch`. `infer_batch` must give each observation the result `infer` would
+give it alone; if it raises, each request of that batch is retried alone, so
+one bad observation fails only its sender.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class Batcher:
         executor: Executor,
         max_batch: int = 8,
         max_wait_ms: float = 5.0,
-        idle_clients: Callable[[], int] | None = None,
+        clients: Callable[[], int] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -63,7 +69,7 @@ class Batcher:
         self._executor = executor
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
-        self._idle_clients = idle_clients
+        self._clients = clients
         self._pending: collections.deque[_Request] = collections.deque()
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -73,6 +79,13 @@ class Batcher:
     def pending(self) -> int:
         """Requests waiting for a batch."""
         return len(self._pending)
+
+    def _everyone_queued(self) -> bool:
+        """Every connected client has a request in the queue: waiting longer cannot grow the batch."""
+        if self._clients is None:
+            return False
+        live = sum(1 for r in self._pending if not r.future.done())
+        return live >= self._clients()
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
@@ -108,7 +121,7 @@ class Batcher:
                 await self._wakeup.wait()
             deadline = max(self._pending[0].enqueued, last_done) + self.max_wait
             while len(self._pending) < self.max_batch:
-                if self._idle_clients is not None and self._idle_clients() <= 0:
+                if self._everyone_queued():
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -135,8 +148,6 @@ class Batcher:
                 else:
                     info = BatchInfo(len(batch), (start - request.enqueued) * 1000.0, infer_ms)
                     request.future.set_result((outcome, info))
-            # Let the answered handlers send their replies (and leave the busy set) before the idle check.
-            await asyncio.sleep(0)
             last_done = time.monotonic()
 
     def _run_batch(self, observations: list[dict[str, Any]]) -> list[Any]:

@@ -43,6 +43,13 @@ class ServeConfig:
     # Key map from openpi observation keys to ours: a name in config/keymaps/
     # (droid, libero, aloha) or a path to a YAML file.
     keymap: str = "droid"
+    # Refuse observations carrying keys the key map does not name. Off by default: like openpi's
+    # transforms, unknown keys are skipped (one warning per connection and key).
+    strict_keys: bool = False
+    # Serve wss:// (TLS) with this PEM certificate chain and private key; both or neither. Relative
+    # paths are resolved against the config file's directory.
+    tls_cert: str | None = None
+    tls_key: str | None = None
     # Threads running inference; 1 serialises calls into the policy.
     workers: int = 1
     # Keepalive pings; a client that does not answer within the timeout is dropped.
@@ -57,3 +64,6 @@ class ServeConfig:
             raise FieldError("workers", f"must be >= 1, got {self.workers}")
         if self.max_message_bytes < 1024:
             raise FieldError("max_message_bytes", f"must be >= 1024, got {self.max_message_bytes}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            missing = "tls_key" if self.tls_cert else "tls_cert"
+            raise FieldError(missing, "is needed too: wss:// takes both tls_cert and tls_key (PEM files), or neither")

@@ -14,6 +14,15 @@ holds the prompt. A dot in a key is one level of nesting (`images.cam_high`).
 `KeyMap.to_raw` is the server direction and checks everything it touches, so a
 malformed request gets an error naming the openpi key; `KeyMap.to_openpi` is the
 inverse, used by the remote backend to drive any OpenPI server.
+
+openpi compatibility: openpi's policy transforms pick the keys they need and
+ignore the rest, and turn float images in [0, 1] into uint8 and CHW into HWC
+(`_parse_image` in openpi's droid/libero policies; LeRobot stores images as
+float32 CHW). Scripts written against openpi rely on both, so `to_raw(strict=False)`
+skips unknown keys (reporting them) and float images are converted the same way:
+`(255 * image).astype(uint8)`, truncating. A float image whose values that cast
+cannot represent (NaN, inf, below 0 or above 1 by more than a 255th) is refused
+instead of wrapped around.
 """
 
 from __future__ import annotations
@@ -151,11 +160,15 @@ class KeyMap:
 
     # -- openpi -> raw (server side) -----------------------------------------
 
-    def to_raw(self, obs: Any) -> dict[str, Any]:
-        """Map an openpi observation to our raw observation dict, or raise KeyMapError."""
+    def to_raw(self, obs: Any, *, strict: bool = True, ignored: list[str] | None = None) -> dict[str, Any]:
+        """Map an openpi observation to our raw observation dict, or raise KeyMapError.
+
+        strict: a key the map does not name is an error. Otherwise it is skipped (as openpi's transforms do)
+        and its dotted path appended to `ignored` when given.
+        """
         if not isinstance(obs, Mapping):
             raise KeyMapError(f"observation must be a dict (msgpack map), got {type(obs).__name__}")
-        self._check_keys(obs, self._tree, "")
+        self._check_keys(obs, self._tree, "", strict, ignored)
         images: dict[str, np.ndarray] = {}
         for camera, path in self.config.images.items():
             found, value = _lookup(obs, path)
@@ -180,20 +193,27 @@ class KeyMap:
             raw["prompt"] = prompt
         return raw
 
-    def _check_keys(self, obs: Mapping, tree: dict[str, Any], prefix: str) -> None:
+    def _check_keys(
+        self, obs: Mapping, tree: dict[str, Any], prefix: str, strict: bool, ignored: list[str] | None
+    ) -> None:
         for key, value in obs.items():
-            if not isinstance(key, str):
-                raise KeyMapError(f"observation keys must be strings, got {key!r} under '{prefix or '<top level>'}'")
-            node = tree.get(key)
+            node = tree.get(key) if isinstance(key, str) else None
             if node is None:
-                raise KeyMapError(
-                    f"unknown observation key '{prefix}{key}' for key map '{self.name}'; expected keys: "
-                    f"{self._expected()}"
-                )
+                if strict:
+                    if not isinstance(key, str):
+                        where = prefix or "<top level>"
+                        raise KeyMapError(f"observation keys must be strings, got {key!r} under '{where}'")
+                    raise KeyMapError(
+                        f"unknown observation key '{prefix}{key}' for key map '{self.name}'; expected keys: "
+                        f"{self._expected()}"
+                    )
+                if ignored is not None:
+                    ignored.append(f"{prefix}{key}" if isinstance(key, str) else f"{prefix}{key!r}")
+                continue
             if isinstance(node, dict):
                 if not isinstance(value, Mapping):
                     raise KeyMapError(f"'{prefix}{key}' must be a dict, got {type(value).__name__}")
-                self._check_keys(value, node, f"{prefix}{key}.")
+                self._check_keys(value, node, f"{prefix}{key}.", strict, ignored)
 
     def _expected(self) -> str:
         keys = [*self.config.images.values(), *(p.key for p in self.config.state), self.config.prompt]
@@ -202,8 +222,10 @@ class KeyMap:
     def _image(self, value: Any, path: str) -> np.ndarray:
         if not isinstance(value, np.ndarray):
             raise KeyMapError(f"image '{path}' must be a numpy array, got {type(value).__name__}")
-        if value.dtype != np.uint8:
-            raise KeyMapError(f"image '{path}' must be uint8, got dtype {value.dtype}")
+        if value.dtype.kind == "f":
+            value = _float_image_to_uint8(value, path)
+        elif value.dtype != np.uint8:
+            raise KeyMapError(f"image '{path}' must be uint8 (or float in [0, 1]), got dtype {value.dtype}")
         if value.ndim != 3:
             raise KeyMapError(f"image '{path}' must be HWC or CHW (rank 3), got shape {value.shape}")
         hwc, chw = value.shape[2] in _CHANNELS, value.shape[0] in _CHANNELS
@@ -254,6 +276,23 @@ def _assign(out: dict[str, Any], path: str, value: Any) -> None:
     for part in parts[:-1]:
         out = out.setdefault(part, {})
     out[parts[-1]] = value
+
+
+def _float_image_to_uint8(image: np.ndarray, path: str) -> np.ndarray:
+    """openpi's conversion of a float image, `(255 * image).astype(np.uint8)`, where that cast is defined."""
+    scaled = 255 * image  # in the image's own dtype, as openpi computes it
+    if scaled.size == 0:
+        return scaled.astype(np.uint8)
+    if not np.all(np.isfinite(scaled)):
+        raise KeyMapError(f"float image '{path}' contains NaN or inf")
+    low, high = float(scaled.min()), float(scaled.max())
+    # Truncation maps (-1, 256) onto 0..255; anything else would wrap around into garbage pixels.
+    if low <= -1.0 or high >= 256.0:
+        raise KeyMapError(
+            f"float image '{path}' must hold values in [0, 1] (openpi converts 255 * value to uint8); got values in "
+            f"[{low / 255:.4g}, {high / 255:.4g}]; send 0..255 pixels as uint8"
+        )
+    return scaled.astype(np.uint8)
 
 
 def _state_part(value: Any, part: StatePart) -> np.ndarray:

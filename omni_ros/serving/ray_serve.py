@@ -35,6 +35,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.responses import PlainTextResponse
 
+from omni_ros import cpu_threads
 from omni_ros.config import ConfigError, OmniConfig, PolicyConfig, load_config
 from omni_ros.observation import ObservationSpec
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
@@ -190,9 +191,10 @@ def _healthz() -> PlainTextResponse:
 
 
 def _replica_metadata(design: str) -> dict[str, Any]:
-    """Which replica a connection landed on (logs and tests; per-robot state lives there)."""
+    """Which replica a connection landed on (logs and tests; per-robot state lives there), and its torch threads."""
     context = serve.get_replica_context()
-    return {"design": design, "replica": {"id": context.replica_tag, "pid": os.getpid()}}
+    threads = cpu_threads.current().to_dict()
+    return {"design": design, "replica": {"id": context.replica_tag, "pid": os.getpid(), "threads": threads}}
 
 
 async def _shutdown(service: PolicyService | None) -> None:
@@ -212,6 +214,8 @@ class PolicyReplica:
     """A WebSocket replica that holds the policy."""
 
     def __init__(self, spec: RaySpec) -> None:
+        # A replica is a process of its own: the policy's thread settings, before it loads torch.
+        cpu_threads.configure(spec.policy)
         keymap = spec.keymap()
         policy = load_served_policy(spec.policy, keymap, spec.policy_factory)
         self.service = PolicyService(policy, spec.serve, keymap, extra_metadata=_replica_metadata("fused"))
@@ -240,6 +244,7 @@ class PolicyWorker:
     """The policy behind the two-hop ingress: plain method calls, no protocol."""
 
     def __init__(self, spec: RaySpec) -> None:
+        cpu_threads.configure(spec.policy)
         self.policy = load_served_policy(spec.policy, spec.keymap(), spec.policy_factory)
 
     def describe(self) -> tuple[ObservationSpec, PolicyMetadata]:

@@ -12,7 +12,8 @@ Wire protocol (what `openpi_client.WebsocketClientPolicy` expects):
 Unlike openpi's reference server, inference runs on a thread pool, so the event
 loop keeps answering pings, /healthz and other clients during a slow inference;
 concurrent requests can be batched; messages are capped (default 16 MiB, not
-websockets' 1 MiB); an optional API key is checked in constant time.
+websockets' 1 MiB); an optional API key is checked in constant time; with a
+certificate and key configured it serves wss:// (TLS).
 
 The protocol is `PolicyService` (service.py), spoken over a `Transport`; this
 module is its listener on the `websockets` library (ray_serve.py is another).
@@ -23,8 +24,11 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import os
 import signal
+import ssl
 import threading
+from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -40,11 +44,35 @@ from omni_ros.serving.service import (  # noqa: F401
     PolicyService,
     RequestError,
     check_compatible,
+    is_loopback,
     resolve_api_key,
+    warn_if_exposed,
 )
 from omni_ros.serving.transport import CloseCode, TransportClosed
+from omni_ros.typed_config import ConfigError
 
 logger = logging.getLogger("omni_ros.serve")
+
+
+def server_ssl_context(config: ServeConfig) -> ssl.SSLContext | None:
+    """The TLS context for wss:// from `tls_cert` / `tls_key`, or None for plain ws://."""
+    if not config.tls_cert and not config.tls_key:
+        return None
+    if not (config.tls_cert and config.tls_key):
+        missing = "serve.tls_key" if config.tls_cert else "serve.tls_cert"
+        raise ConfigError(f"{missing}: wss:// needs both serve.tls_cert and serve.tls_key (PEM files)")
+    for key, path in (("serve.tls_cert", config.tls_cert), ("serve.tls_key", config.tls_key)):
+        if not os.path.isfile(path):
+            raise ConfigError(f"{key}: file not found: {path}")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"serve.tls_cert / serve.tls_key: cannot load {config.tls_cert} with {config.tls_key}: {exc}"
+        ) from exc
+    return context
 
 
 class PolicyServer(PolicyService):
@@ -54,9 +82,14 @@ class PolicyServer(PolicyService):
     _server: Server | None = None
     port: int | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Checked at construction: a bad certificate fails before anything listens.
+        self._ssl = server_ssl_context(self.config)
+
     @property
     def url(self) -> str:
-        return f"ws://{self.config.host}:{self.port}"
+        return f"{'wss' if self._ssl is not None else 'ws'}://{self.config.host}:{self.port}"
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -68,6 +101,7 @@ class PolicyServer(PolicyService):
             self.config.host,
             self.config.port,
             process_request=self._process_request,
+            ssl=self._ssl,
             compression=None,
             max_size=self.config.max_message_bytes,
             ping_interval=self.config.ping_interval_s or None,
@@ -75,8 +109,10 @@ class PolicyServer(PolicyService):
         )
         self.port = self._server.sockets[0].getsockname()[1]
         logger.info("serving %s on %s", self.metadata.get("model"), self.url)
-        if self._api_key is None and self.config.host not in ("127.0.0.1", "localhost", "::1"):
-            logger.warning("listening on %s without an API key: anyone who can reach it can drive the policy", self.url)
+        self._warn_if_exposed()
+
+    def _warn_if_exposed(self) -> None:
+        warn_if_exposed(self.url, self.config.host, self._api_key, self._ssl is not None, self.config.api_key_env)
 
     async def stop(self) -> None:
         """Graceful shutdown: stop accepting, let in-flight requests finish, close with 1001."""

@@ -14,6 +14,10 @@ methods the policy serves. Requests without them are plain openpi requests.
 What accepts connections is not here: `PolicyServer` (server.py) listens with
 the `websockets` library, the Ray Serve replica (ray_serve.py) with Starlette;
 both hand each connection to `PolicyService.handle`.
+
+Like openpi's policy transforms, observation keys the key map does not name are
+skipped (one warning per connection and key) unless `serve.strict_keys` is set;
+float [0, 1] and CHW images are converted as openpi does (keymap.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import ipaddress
 import logging
 import os
 import time
@@ -45,6 +50,8 @@ logger = logging.getLogger("omni_ros.serve")
 
 # Errors caused by what the client sent, reported without a server traceback.
 CLIENT_ERRORS = (DecodeError, ObservationError, RtcError)
+# Unknown keys named in warnings per connection; a client inventing keys cannot flood the log.
+MAX_WARNED_KEYS = 32
 
 
 class RequestError(ValueError):
@@ -58,6 +65,38 @@ def resolve_api_key(config: ServeConfig) -> str | None:
     if config.api_key_env:
         return os.environ.get(config.api_key_env) or None
     return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server on this machine ("" and 0.0.0.0 mean every interface)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it resolves to whatever the network says
+        return False
+
+
+def warn_if_exposed(url: str, host: str, api_key: str | None, tls: bool, api_key_env: str = "") -> None:
+    """A loud warning when a server beyond loopback has no API key, a quieter one when its key is sent in clear."""
+    if is_loopback(host):
+        return
+    if api_key is None:
+        bar = "!" * 100
+        logger.warning(
+            "\n%s\n!! %s listens on a non-loopback address WITHOUT AN API KEY: anyone who can reach this port "
+            "can drive the robot's policy.\n!! Set serve.api_key (or $%s, or --api-key), or bind 127.0.0.1.\n%s",
+            bar,
+            url,
+            api_key_env or "OMNI_ROS_API_KEY",
+            bar,
+        )
+    elif not tls:
+        logger.warning(
+            "%s: the API key travels in clear text over ws:// on a non-loopback address; "
+            "set serve.tls_cert and serve.tls_key for wss://",
+            url,
+        )
 
 
 def check_compatible(policy: Policy, keymap: KeyMap) -> None:
@@ -136,7 +175,7 @@ class PolicyService:
                 self._executor,
                 batching.max_batch,
                 batching.max_wait_ms,
-                idle_clients=lambda: len(self._connections) - len(self._busy),
+                clients=lambda: len(self._connections),
             )
             self._batcher.start()
 
@@ -179,6 +218,7 @@ class PolicyService:
         logger.info("client %s connected", peer)
         prev_total_ms: float | None = None
         count = 0
+        warned: set[str] = set()  # unknown keys already reported for this connection
         self._connections.add(conn)
         try:
             await conn.send(self._metadata_frame)
@@ -190,7 +230,7 @@ class PolicyService:
                 start = time.monotonic()
                 self._busy.add(conn)
                 try:
-                    reply = await self._serve_one(conn, message, prev_total_ms)
+                    reply = await self._serve_one(conn, message, prev_total_ms, warned)
                 except TransportClosed:
                     raise
                 except Exception as exc:
@@ -216,7 +256,9 @@ class PolicyService:
             self._connections.discard(conn)
             logger.info("client %s disconnected after %d requests", peer, count)
 
-    async def _serve_one(self, conn: Transport, message: str | bytes, prev_total_ms: float | None) -> bytes | None:
+    async def _serve_one(
+        self, conn: Transport, message: str | bytes, prev_total_ms: float | None, warned: set[str]
+    ) -> bytes | None:
         if isinstance(message, str):
             raise RequestError("expected a binary msgpack frame, got a text frame")
         request, rtc = split_rtc(unpackb(message))
@@ -229,7 +271,10 @@ class PolicyService:
                 )
         # Explicit flow-matching noise (openpi's `Policy.infer(obs, noise=...)`), announced by `noise_shape`.
         noise = request.pop("noise", None) if isinstance(request, dict) else None
-        raw = self.keymap.to_raw(request)
+        ignored: list[str] = []
+        raw = self.keymap.to_raw(request, strict=self.config.strict_keys, ignored=ignored)
+        if ignored:
+            self._warn_ignored(conn.peer, ignored, warned)
         start = time.monotonic()
         inference = asyncio.ensure_future(self._infer(raw, noise, rtc))
         closed = asyncio.ensure_future(conn.wait_closed())
@@ -254,6 +299,24 @@ class PolicyService:
         reply.setdefault("policy_timing", {"infer_ms": info.infer_ms if info is not None else infer_ms})
         reply["server_timing"] = server_timing
         return packb(reply)
+
+    def _warn_ignored(self, peer: str, ignored: list[str], warned: set[str]) -> None:
+        """One warning per connection and unknown key (at most MAX_WARNED_KEYS of them)."""
+        for key in ignored:
+            if key in warned or len(warned) > MAX_WARNED_KEYS:
+                continue
+            warned.add(key)
+            if len(warned) > MAX_WARNED_KEYS:
+                logger.warning("client %s: more unknown observation keys; not naming them", peer)
+                continue
+            shown = key if len(key) <= 120 else key[:117] + "..."
+            logger.warning(
+                "client %s: ignoring observation key '%s', which key map '%s' does not read "
+                "(serve.strict_keys: true refuses such requests)",
+                peer,
+                shown,
+                self.keymap.name,
+            )
 
     async def _infer(
         self, raw: dict[str, Any], noise: Any = None, rtc: RtcRequest | None = None

@@ -21,8 +21,9 @@ import numpy as np
 from omni_ros.control.config import ControlConfig
 from omni_ros.sim.config import SimConfig
 from omni_ros.sim.dataset import Sample
-from omni_ros.sim.env import SimEnv
-from omni_ros.sim.expert import ReachExpert
+from omni_ros.sim.engines import ReachingExpert, SimRobot
+from omni_ros.sim.engines import make_env as make_sim_env
+from omni_ros.sim.engines import make_expert as make_sim_expert
 from omni_ros.sim.rollout import ChunkPolicy, EpisodeResult, run_episode
 
 
@@ -56,8 +57,8 @@ def episode_control(options: CollectOptions) -> ControlConfig:
 
 
 def collect_episode(
-    env: SimEnv,
-    expert: ReachExpert,
+    env: SimRobot,
+    expert: ReachingExpert,
     seed: int,
     options: CollectOptions,
     rng: np.random.Generator,
@@ -102,18 +103,16 @@ def collect_episode(
     return samples, result
 
 
-def make_env(sim: SimConfig, options: CollectOptions) -> tuple[SimEnv, ReachExpert]:
-    env = SimEnv(dataclasses.replace(sim, episode_time_s=options.episode_time_s))
+def make_env(sim: SimConfig, options: CollectOptions) -> tuple[SimRobot, ReachingExpert]:
+    env = make_sim_env(dataclasses.replace(sim, episode_time_s=options.episode_time_s))
     return env, make_expert(env, options)
 
 
-def make_expert(env: SimEnv, options: CollectOptions) -> ReachExpert:
-    """The demonstrating expert: reaches with the IK branch of `options.ik_reference` (the arm's home if it does
-    not fit the arm). Recorded bags use the same expert, so a policy is scored against what it was taught."""
-    reference = np.asarray(options.ik_reference, dtype=np.float64)
-    if reference.shape != (env.arm.n_joints,):
-        reference = env.home
-    return ReachExpert(env.arm, reference, horizon=options.horizon, dt=options.action_dt)
+def make_expert(env: SimRobot, options: CollectOptions) -> ReachingExpert:
+    """The demonstrating expert: the planar arm reaches with the IK branch of `options.ik_reference` (the arm's
+    home if it does not fit the arm). Recorded bags use the same expert, so a policy is scored against what it
+    was taught."""
+    return make_sim_expert(env, options.horizon, options.action_dt, options.ik_reference)
 
 
 def collect(

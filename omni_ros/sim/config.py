@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
+from omni_ros.sim.so101.config import SO101_JOINTS, So101Config
 from omni_ros.typed_config import FieldError
+
+# The simulators `engine` picks (omni_ros.sim.engines).
+ENGINES = ("planar", "so101")
 
 # The views the renderer draws (omni_ros.sim.render).
 CAMERAS = ("base", "wrist")
@@ -23,8 +28,11 @@ COLORS: dict[str, tuple[int, int, int]] = {
 
 @dataclass
 class SimConfig:
-    """A planar N-joint arm on a table, its cameras, blocks and task."""
+    """A planar N-joint arm on a table, its cameras, blocks and task (or, with engine so101, the MuJoCo SO-101)."""
 
+    # "planar": the 2-D arm drawn with OpenCV (fast); "so101": the SO-101 arm in MuJoCo (omni_ros.sim.so101).
+    # The planar-arm fields below (link_lengths, joint limits, dynamics) do not apply to the SO-101.
+    engine: Literal["planar", "so101"] = "planar"
     n_joints: int = 3
     # Metres, base to tip; one per joint.
     link_lengths: list[float] = field(default_factory=lambda: [0.3, 0.25, 0.15])
@@ -66,26 +74,22 @@ class SimConfig:
     prompt_topic: str = "/omni_ros/prompt"
     episode_topic: str = "/sim/episode"
     reset_service: str = "/sim/reset"
+    # Settings of the SO-101 simulator only.
+    so101: So101Config = field(default_factory=So101Config)
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise FieldError("engine", f"is {self.engine!r}; choose one of {list(ENGINES)}")
         n = self.n_joints
         if n < 1:
             raise FieldError("n_joints", f"must be >= 1, got {n}")
-        if len(self.link_lengths) != n:
-            raise FieldError("link_lengths", f"has {len(self.link_lengths)} values for {n} joints (sim.n_joints)")
-        if not all(length > 0 for length in self.link_lengths):
-            raise FieldError("link_lengths", f"must be positive, got {self.link_lengths}")
-        for key in ("joint_lower", "joint_upper", "home"):
-            values = getattr(self, key)
-            if len(values) not in (1, n) and not (key == "home" and not values):
-                raise FieldError(key, f"has {len(values)} values; expected 1 or {n} (one per joint)")
-        lower = self.joint_lower * (n // len(self.joint_lower))
-        upper = self.joint_upper * (n // len(self.joint_upper))
-        if any(lo >= hi for lo, hi in zip(lower, upper, strict=True)):
-            raise FieldError("joint_lower", f"must be below joint_upper: {self.joint_lower} vs {self.joint_upper}")
+        if self.engine == "so101":
+            self._check_so101()
+        else:
+            self._check_planar()
         if self.joint_names and len(self.joint_names) != n:
             raise FieldError("joint_names", f"has {len(self.joint_names)} names for {n} joints")
-        for key in ("max_joint_velocity", "time_constant", "camera_rate_hz", "joint_state_rate_hz"):
+        for key in ("camera_rate_hz", "joint_state_rate_hz"):
             if not getattr(self, key) > 0:
                 raise FieldError(key, f"must be positive, got {getattr(self, key)}")
         unknown = [c for c in self.cameras if c not in CAMERAS]
@@ -104,3 +108,30 @@ class SimConfig:
                 "n_blocks",
                 f"must be between 1 and {len(self.block_colors)} (the number of block_colors), got {self.n_blocks}",
             )
+
+    def _check_planar(self) -> None:
+        n = self.n_joints
+        if len(self.link_lengths) != n:
+            raise FieldError("link_lengths", f"has {len(self.link_lengths)} values for {n} joints (sim.n_joints)")
+        if not all(length > 0 for length in self.link_lengths):
+            raise FieldError("link_lengths", f"must be positive, got {self.link_lengths}")
+        for key in ("joint_lower", "joint_upper", "home"):
+            values = getattr(self, key)
+            if len(values) not in (1, n) and not (key == "home" and not values):
+                raise FieldError(key, f"has {len(values)} values; expected 1 or {n} (one per joint)")
+        lower = self.joint_lower * (n // len(self.joint_lower))
+        upper = self.joint_upper * (n // len(self.joint_upper))
+        if any(lo >= hi for lo, hi in zip(lower, upper, strict=True)):
+            raise FieldError("joint_lower", f"must be below joint_upper: {self.joint_lower} vs {self.joint_upper}")
+        for key in ("max_joint_velocity", "time_constant"):
+            if not getattr(self, key) > 0:
+                raise FieldError(key, f"must be positive, got {getattr(self, key)}")
+
+    def _check_so101(self) -> None:
+        # The MJCF fixes the arm: its joints, and a gripper that closes on cubes up to 6 cm.
+        if self.n_joints != len(SO101_JOINTS):
+            raise FieldError("n_joints", f"must be {len(SO101_JOINTS)} for the SO-101 ({', '.join(SO101_JOINTS)})")
+        if self.home and len(self.home) != len(SO101_JOINTS):
+            raise FieldError("home", f"needs {len(SO101_JOINTS)} values for the SO-101, got {len(self.home)}")
+        if not 0 < self.block_size <= 0.06:
+            raise FieldError("block_size", f"must be in (0, 0.06] m for the SO-101's gripper, got {self.block_size}")

@@ -21,7 +21,7 @@ from omni_ros.sim.arm import PlanarArm, broadcast_per_joint, default_home
 from omni_ros.sim.config import SimConfig
 from omni_ros.sim.render import Renderer
 from omni_ros.sim.scene import Scene, sample_scene
-from omni_ros.sim.task import Task, sample_task
+from omni_ros.sim.task import EpisodeClock, SuccessHold, Task, sample_task
 
 # Physics sub-step: joint dynamics stay accurate whatever step the caller uses.
 MAX_PHYSICS_DT = 0.005
@@ -38,7 +38,7 @@ class EpisodeInfo:
         return {"seed": self.seed, "target": self.target, "prompt": self.prompt, "colors": list(self.colors)}
 
 
-class SimEnv:
+class SimEnv(EpisodeClock):
     """A planar arm reaching for colored blocks; deterministic for a given seed and command sequence."""
 
     def __init__(self, config: SimConfig | None = None) -> None:
@@ -58,8 +58,7 @@ class SimEnv:
         self.scene: Scene | None = None
         self.task: Task | None = None
         self.episode: EpisodeInfo | None = None
-        self.succeeded_at: float | None = None
-        self._on_target_since: float | None = None
+        self._hold = SuccessHold(config.success_hold_s)
 
     def reset(self, seed: int | None = None, target: str | None = None, prompt: str | None = None) -> dict[str, Any]:
         """Start an episode: new layout and start pose from `seed`, then the target (pinned or random).
@@ -76,8 +75,7 @@ class SimEnv:
         self.task = sample_task(rng, self.scene, cfg.success_radius, target=target, prompt=prompt)
         self.episode = EpisodeInfo(seed, self.task.target, self.task.prompt, tuple(self.scene.colors))
         self.time = 0.0
-        self.succeeded_at = None
-        self._on_target_since = None
+        self._hold.reset()
         return self.observe()
 
     def command(self, positions: Sequence[float]) -> None:
@@ -94,15 +92,8 @@ class SimEnv:
             self.arm.step(h)
             remaining -= h
         self.time += float(dt)
-        if self.succeeded_at is not None:
-            return
-        if not self.success():
-            self._on_target_since = None
-            return
-        if self._on_target_since is None:
-            self._on_target_since = self.time - float(dt)
-        if self.time - self._on_target_since >= self.config.success_hold_s - 1e-9:
-            self.succeeded_at = self.time
+        if self._hold.succeeded_at is None:
+            self._hold.update(self.success(), self.time, float(dt))
 
     def success(self) -> bool:
         """The tool point is on the prompted block now (the episode succeeds once it stays there)."""
@@ -111,9 +102,27 @@ class SimEnv:
     def distance_to_target(self) -> float:
         return self.task.distance(self.scene, self.arm.end_effector())
 
+    def ended_on(self) -> str | None:
+        """The block the tool point is on now (within the success radius), if any."""
+        tip = self.arm.end_effector()
+        ended_on = None
+        for block in self.scene.blocks:
+            if np.linalg.norm(tip - np.asarray(block.xy)) <= self.config.success_radius:
+                ended_on = block.color
+        return ended_on
+
     @property
-    def done(self) -> bool:
-        return self.time >= self.config.episode_time_s
+    def n_joints(self) -> int:
+        return self.arm.n_joints
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Measured joint positions (float64)."""
+        return self.arm.q
+
+    @property
+    def velocities(self) -> np.ndarray:
+        return self.arm.qd
 
     @property
     def state(self) -> np.ndarray:

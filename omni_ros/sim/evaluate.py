@@ -24,7 +24,7 @@ import numpy as np
 
 from omni_ros.control.config import ControlConfig
 from omni_ros.sim.config import SimConfig
-from omni_ros.sim.env import SimEnv
+from omni_ros.sim.engines import SimRobot, make_env
 from omni_ros.sim.rollout import ChunkPolicy, EpisodeResult, run_episode
 
 HELD_OUT_SEED = 1_000_000
@@ -55,12 +55,8 @@ class EpisodeRecord:
     alternate: bool = False
 
     @classmethod
-    def of(cls, env: SimEnv, result: EpisodeResult, alternate: bool) -> EpisodeRecord:
-        tip = env.arm.end_effector()
-        ended_on = None
-        for block in env.scene.blocks:
-            if np.linalg.norm(tip - np.asarray(block.xy)) <= env.config.success_radius:
-                ended_on = block.color
+    def of(cls, env: SimRobot, result: EpisodeResult, alternate: bool) -> EpisodeRecord:
+        ended_on = env.ended_on()
         return cls(
             result.seed,
             result.prompt,
@@ -98,7 +94,7 @@ class VideoClip:
     frames: list[dict[str, np.ndarray]]
 
 
-def alternate_target(env: SimEnv, seed: int) -> str | None:
+def alternate_target(env: SimRobot, seed: int) -> str | None:
     """For prompt following: a block other than the one the seed's own prompt names (deterministic)."""
     env.reset(seed)
     others = [c for c in env.scene.colors if c != env.task.target]
@@ -113,11 +109,11 @@ def evaluate(
     action_dt: float,
     control: ControlConfig | None = None,
     on_episode: Callable[[EpisodeRecord], None] | None = None,
-    env: SimEnv | None = None,
+    env: SimRobot | None = None,
 ) -> tuple[PolicyScore, list[VideoClip]]:
     """Score `policy` on `options.episodes` seeds; `env` (default: a new one of `sim`) lets a scripted
     policy look at the scene it is in."""
-    env = env or SimEnv(sim)
+    env = env or make_env(sim)
     records: list[EpisodeRecord] = []
     clips: list[VideoClip] = []
     for k in range(options.episodes):

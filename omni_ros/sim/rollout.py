@@ -18,8 +18,7 @@ import numpy as np
 
 from omni_ros.control.config import ControlConfig
 from omni_ros.control.executor import ActionChunkExecutor, Command
-from omni_ros.sim.env import SimEnv
-from omni_ros.sim.expert import ReachExpert
+from omni_ros.sim.engines import ReachingExpert, SimRobot
 
 # policy(obs) -> (H, D) actions; under `blending: rtc` also policy(obs, rtc=RtcRequest).
 ChunkPolicy = Callable[..., np.ndarray]
@@ -40,7 +39,7 @@ class EpisodeResult:
     frames: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)
 
 
-def expert_policy(env: SimEnv, expert: ReachExpert) -> ChunkPolicy:
+def expert_policy(env: SimRobot, expert: ReachingExpert) -> ChunkPolicy:
     """The scripted expert as a chunk policy (it reads the target's position from the simulator)."""
 
     def policy(obs: dict[str, Any]) -> np.ndarray:
@@ -50,7 +49,7 @@ def expert_policy(env: SimEnv, expert: ReachExpert) -> ChunkPolicy:
 
 
 def run_episode(
-    env: SimEnv,
+    env: SimRobot,
     policy: ChunkPolicy,
     seed: int,
     control: ControlConfig | None = None,
@@ -69,14 +68,14 @@ def run_episode(
     `on_tick(now, command, executor)` sees every control tick (benchmarks measure commands with it).
     """
     env.reset(seed, target=target, prompt=prompt)
-    executor = ActionChunkExecutor(env.arm.n_joints, control, control_rate_hz, dry_run=False)
+    executor = ActionChunkExecutor(env.n_joints, control, control_rate_hz, dry_run=False)
     period = 1.0 / control_rate_hz
     pending: tuple[float, float, np.ndarray, int] | None = None  # (arrival, stamp, actions, request id)
     frames: list[dict[str, np.ndarray]] = []
     tick = 0
     while not env.done:
         now = env.time
-        executor.observe_position(env.arm.q)
+        executor.observe_position(env.positions)
         if pending is not None and pending[0] <= now + 1e-9:
             executor.add_chunk(pending[2], pending[1], chunk_dt, now, pending[3])
             pending = None

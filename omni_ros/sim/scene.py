@@ -52,6 +52,16 @@ class Scene:
         return [b.color for b in self.blocks]
 
 
+def choose_colors(rng: np.random.Generator, colors: Sequence[str], n_blocks: int) -> np.ndarray:
+    """Indices of `n_blocks` distinct colors of `colors` (validated against COLORS), drawn from `rng`."""
+    unknown = [c for c in colors if c not in COLORS]
+    if unknown:
+        raise ValueError(f"unknown block colors {unknown}; known: {sorted(COLORS)}")
+    if not 1 <= n_blocks <= len(colors):
+        raise ValueError(f"n_blocks must be between 1 and {len(colors)} (the number of colors), got {n_blocks}")
+    return rng.choice(len(colors), size=n_blocks, replace=False)
+
+
 def sample_scene(
     rng: np.random.Generator,
     colors: Sequence[str],
@@ -65,12 +75,7 @@ def sample_scene(
     Blocks sit in a ring in front of the base (40-85% of the reach, 25-155
     degrees), so every block is reachable yet none sits on the base.
     """
-    unknown = [c for c in colors if c not in COLORS]
-    if unknown:
-        raise ValueError(f"unknown block colors {unknown}; known: {sorted(COLORS)}")
-    if not 1 <= n_blocks <= len(colors):
-        raise ValueError(f"n_blocks must be between 1 and {len(colors)} (the number of colors), got {n_blocks}")
-    chosen = rng.choice(len(colors), size=n_blocks, replace=False)
+    chosen = choose_colors(rng, colors, n_blocks)
     positions: list[np.ndarray] = []
     for _ in range(10_000):
         if len(positions) == n_blocks:

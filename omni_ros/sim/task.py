@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -65,3 +66,43 @@ def sample_task(
     if prompt is None:
         prompt = make_prompt(target, int(rng.integers(len(TEMPLATES))))
     return Task(target=target, prompt=prompt, success_radius=success_radius)
+
+
+class SuccessHold:
+    """Success needs the goal held: `update` after every step; `succeeded_at` is when it had held `hold_s`."""
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = float(hold_s)
+        self.reset()
+
+    def reset(self) -> None:
+        self.since: float | None = None
+        self.succeeded_at: float | None = None
+
+    def update(self, on_target: bool, now: float, dt: float) -> None:
+        """`on_target` measured at `now`, after a step of `dt` (which counts as on target)."""
+        if self.succeeded_at is not None:
+            return
+        if not on_target:
+            self.since = None
+            return
+        self.since = now - dt if self.since is None else self.since
+        if now - self.since >= self.hold_s - 1e-9:
+            self.succeeded_at = now
+
+
+class EpisodeClock:
+    """Episode time and outcome, shared by the simulators: they set `config`, `time` and `_hold`."""
+
+    config: Any
+    time: float
+    _hold: SuccessHold
+
+    @property
+    def succeeded_at(self) -> float | None:
+        """Simulated time the episode succeeded (the goal held for success_hold_s), or None."""
+        return self._hold.succeeded_at
+
+    @property
+    def done(self) -> bool:
+        return self.time >= self.config.episode_time_s

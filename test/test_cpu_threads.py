@@ -1,0 +1,86 @@
+"""torch's OpenMP settings are in place before torch loads, for every entry point, and the config can change them.
+
+The effect on latency under CPU contention is measured in bench/contention.py; here, the mechanism."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from omni_ros import cpu_threads
+from omni_ros.config import ConfigError, load_config
+
+
+def _python(code: str, env_update: dict[str, str | None], cwd=None) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    env.update({k: v for k, v in env_update.items() if v is not None})
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_importing_omni_ros_makes_idle_workers_sleep_unless_the_environment_says_otherwise():
+    code = "import os, omni_ros; print(os.environ.get('OMP_WAIT_POLICY'))"
+    assert _python(code, {}) == "PASSIVE"
+    assert _python(code, {"OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
+
+
+def test_entry_points_read_their_config_before_anything_imports_torch():
+    # What the CLI, the node mains, the launcher and the evaluator import before they read the config.
+    code = (
+        "import sys\n"
+        "from omni_ros.cli import build_parser\n"
+        "build_parser()\n"
+        "import omni_ros.nodes.policy_node, omni_ros.nodes.bridge_node, omni_ros.launcher\n"
+        "import omni_ros.eval.replay, omni_ros.eval.recorded, omni_ros.serving.server\n"
+        "print('torch' in sys.modules)"
+    )
+    assert _python(code, {}) == "False"
+
+
+def test_the_config_sets_wait_policy_and_threads_before_torch_starts(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("policy: {omp_wait_policy: active, num_threads: 1}\n")
+    code = (
+        "import argparse, json, os\n"
+        "from omni_ros.commands.common import config_from_args\n"
+        f"config_from_args(argparse.Namespace(config={str(config)!r}, sim=False))\n"
+        "import torch\n"
+        "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), torch.get_num_threads()]))"
+    )
+    assert json.loads(_python(code, {})) == ["ACTIVE", 1]
+    config.write_text("policy: {omp_wait_policy: runtime}\n")
+    assert json.loads(_python(code, {}))[0] is None  # the OpenMP runtime's own default
+    # Without a config value, the user's environment stays.
+    config.write_text("policy: {num_threads: 1}\n")
+    assert json.loads(_python(code, {"OMP_WAIT_POLICY": "ACTIVE"})) == ["ACTIVE", 1]
+
+
+def test_too_late_is_said_once_and_threads_still_change(caplog):
+    torch = pytest.importorskip("torch")  # loaded: the wait policy in effect can no longer change
+    threads = torch.get_num_threads()
+    in_effect = cpu_threads.current().wait_policy
+    other = "active" if in_effect != "active" else "passive"
+    try:
+        with caplog.at_level(logging.WARNING, logger="omni_ros.cpu_threads"):
+            for _ in range(3):
+                settings = cpu_threads.configure(wait_policy=other, num_threads=1)
+        assert settings.wait_policy == in_effect and settings.num_threads == 1 and torch.get_num_threads() == 1
+        late = [r for r in caplog.records if "after torch was imported" in r.getMessage()]
+        assert len(late) == 1 and f"stays {in_effect}" in late[0].getMessage()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bad_values_are_config_errors(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("policy: {omp_wait_policy: sleepy}\n")
+    with pytest.raises(ConfigError, match=r"policy\.omp_wait_policy: expected one of 'passive', 'active', 'runtime'"):
+        load_config(path)
+    with pytest.raises(ValueError, match="must be one of"):
+        cpu_threads.configure(wait_policy="sleepy")
