@@ -22,6 +22,7 @@ os.environ.setdefault("ROS_DOMAIN_ID", str(100 + (_RUN % 30) * 4 + _WORKER % 4))
 SHARED_EXPORTS = {
     "test_export_xnnpack.py": "pte",
     "test_export_serving.py": "pte",
+    "test_export_rtc.py": "pte",
     "test_export_onnx.py": "onnx",
     "test_onnx_qnn.py": "onnx",
 }

@@ -255,3 +255,24 @@ def test_cli_exports_one_graph_and_reports_its_ops(root, tmp_path):
     # Only the vision encoder: no policy can run from it, and it says why.
     with pytest.raises(OnnxModelError, match=re.escape("fused mode needs methods ['sample']")):
         load_onnx(out)
+
+
+def test_an_onnx_export_serves_hard_inpainting(tmp_path_factory):
+    """Real-time chunking on ONNX Runtime: hard inpainting (no guidance graph), as the eager policy does it."""
+    from helpers.rtc_util import two_observations
+    from omni_ros.backends.onnx_runner import load_onnx
+    from omni_ros.policy.loading import from_preset
+    from omni_ros.policy.rtc import RtcError, RtcRequest
+
+    first, second = two_observations(1_000_003, np.array([0.3, -0.2, 0.1]), 15)
+    # The session's shared ONNX folder of the tiny model (staged and fused graphs) and its eager twin.
+    policy = load_onnx(exported_tiny(tmp_path_factory.getbasetemp(), "onnx"), num_threads=1)
+    demo = from_preset("tiny", camera_names=["base", "wrist"], **ARM)
+    assert policy.rtc_methods == ("inpaint",)
+    plan = demo.infer(first)["actions"][3:]
+    with pytest.raises(RtcError, match="it serves: inpaint"):
+        policy.infer(second, rtc=RtcRequest(plan, inference_delay=3))
+    request = RtcRequest(plan, inference_delay=3, method="inpaint")
+    out = policy.infer(second, rtc=request)["actions"]
+    np.testing.assert_allclose(out, demo.infer(second, rtc=request)["actions"], atol=1e-4)
+    np.testing.assert_allclose(out[:3], plan[:3], atol=1e-5)

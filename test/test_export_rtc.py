@@ -100,20 +100,3 @@ def test_quantized_and_qnn_programs_refuse_the_guided_step(tmp_path):
             quantize="int8-dynamic",
             methods=(*STAGED, "guided_step"),
         )
-
-
-def test_an_onnx_export_serves_hard_inpainting(tmp_path_factory, observations):
-    from omni_ros.backends.onnx_runner import load_onnx
-
-    first, second = observations
-    # The session's shared ONNX folder of the tiny model (staged and fused graphs) and its eager twin.
-    policy = load_onnx(exported_tiny(tmp_path_factory.getbasetemp(), "onnx"), num_threads=1)
-    demo = from_preset("tiny", camera_names=["base", "wrist"], **ARM)
-    assert policy.rtc_methods == ("inpaint",)
-    plan = demo.infer(first)["actions"][3:]
-    with pytest.raises(RtcError, match="it serves: inpaint"):
-        policy.infer(second, rtc=RtcRequest(plan, inference_delay=3))
-    request = RtcRequest(plan, inference_delay=3, method="inpaint")
-    out = policy.infer(second, rtc=request)["actions"]
-    np.testing.assert_allclose(out, demo.infer(second, rtc=request)["actions"], atol=1e-4)
-    np.testing.assert_allclose(out[:3], plan[:3], atol=1e-5)
