@@ -108,9 +108,9 @@ class ExecuTorchRunner:
             return [inputs.images, inputs.tokens, inputs.token_mask]
         return [inputs.images]
 
-    def sample(self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int) -> Sampled:
-        if noise is None:
-            raise ValueError("the ExecuTorch runner needs the sampling noise")
+    def sample(self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None) -> Sampled:
+        if noise is None or num_steps is None:
+            raise ValueError("the ExecuTorch runner needs the sampling noise and the step count")
         with self._lock:  # an ExecuTorch method is not reentrant; callers may share one policy across threads
             clock = StageClock()
             if self.mode == "fused":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from omni_ros.policy.base import Policy
 from omni_ros.policy.config import PolicyConfig
@@ -46,7 +47,12 @@ def load_policy(
 def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
     from omni_ros.policy.loading import from_preset, load
 
-    common = {"device": config.device, "dtype": config.dtype, "seed": config.seed, "num_steps": config.num_steps}
+    common: dict[str, Any] = {
+        "device": config.device,
+        "dtype": config.dtype,
+        "seed": config.seed,
+        "num_steps": config.num_steps,
+    }
     if config.checkpoint:
         policy = load(config.checkpoint, tokenizer=config.tokenizer, **common)
         check_agrees(policy, camera_names, state_dim, action_dim, config.checkpoint)

@@ -51,7 +51,7 @@ from omni_ros.serving.msgpack_numpy import DecodeError, packb, unpackb
 logger = logging.getLogger("omni_ros.remote")
 
 # websockets >= 16 warns unless a long-lived connection is asked for explicitly.
-_LEGACY = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
+_LEGACY: dict[str, Any] = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
 
 
 class RemotePolicyError(RuntimeError):
@@ -283,6 +283,8 @@ class RemotePolicy(InferencePipeline):
     `connection` options are the transport's (`RemoteRunner`: api_key, connect_timeout_s, deadline_s, retries,
     backoff_s, backoff_max_s, max_message_bytes, ping_interval_s).
     """
+
+    processor: RemoteProcessor
 
     def __init__(
         self, url: str, keymap: KeyMap | str | None = None, action_horizon: int = 0, **connection: Any

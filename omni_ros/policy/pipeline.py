@@ -26,6 +26,9 @@ from omni_ros.observation import Observation, ObservationError, ObservationSpec
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
 
 InputsT = TypeVar("InputsT")
+# A processor produces inputs (covariant), a runner consumes them (contravariant).
+InputsT_co = TypeVar("InputsT_co", covariant=True)
+InputsT_contra = TypeVar("InputsT_contra", contravariant=True)
 STAGES = ("embed_prefix_ms", "prefill_ms", "denoise_ms")
 
 
@@ -39,7 +42,7 @@ class Sampled:
     extras: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Processor(Protocol[InputsT]):
+class Processor(Protocol[InputsT_co]):
     """A family's pre/post-processing: raw observation -> model inputs, model output -> robot actions."""
 
     spec: ObservationSpec
@@ -53,24 +56,27 @@ class Processor(Protocol[InputsT]):
 
     def parse(self, raw: Mapping[str, Any]) -> Observation: ...
 
-    def inputs(self, observations: Sequence[Observation], device: torch.device, dtype: torch.dtype) -> InputsT: ...
+    def inputs(self, observations: Sequence[Observation], device: torch.device, dtype: torch.dtype) -> InputsT_co: ...
 
     def actions(self, normalized: np.ndarray, observation: Observation) -> np.ndarray: ...
 
 
-class Runner(Protocol[InputsT]):
+class Runner(Protocol[InputsT_contra]):
     """A backend: how to run the model on inputs and noise."""
 
     backend: str
     device: torch.device
     dtype: torch.dtype
+
     # Largest batch one `sample` call takes (None: any). Bigger batches are split by the pipeline.
-    max_batch: int | None
+    @property
+    def max_batch(self) -> int | None: ...
+
     # True where the runner draws the noise itself when a request carries none (a remote server does);
     # otherwise the pipeline draws it.
     draws_noise: bool
 
-    def sample(self, inputs: InputsT, noise: torch.Tensor | None, num_steps: int | None) -> Sampled: ...
+    def sample(self, inputs: InputsT_contra, noise: torch.Tensor | None, num_steps: int | None) -> Sampled: ...
 
     def close(self) -> None: ...
 
@@ -145,6 +151,7 @@ class InferencePipeline(BasePolicy, Generic[InputsT]):
         start = time.perf_counter()
         parsed = [self.processor.parse(obs) for obs in observations]
         inputs = self.processor.inputs(parsed, self.runner.device, self.runner.dtype)
+        drawn: torch.Tensor | None
         if noise is not None:
             drawn = self._given_noise(noise, len(parsed))
         else:

@@ -10,6 +10,7 @@ Any family's model works here if it has the three inference stages
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -74,6 +75,18 @@ def compact(inputs: ModelInputs) -> ModelInputs:
     )
 
 
+class StagedModel(Protocol):
+    """The three inference stages a family's model has (see the module docstring)."""
+
+    def embed_prefix(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def prefill(self, x: torch.Tensor, mask: torch.Tensor) -> Any: ...
+
+    def denoise_step(
+        self, cache: Any, prefix_mask: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
 class TorchRunner:
     """Runs an eager model; the model is moved to the device and dtype once, here."""
 
@@ -92,10 +105,11 @@ class TorchRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def sample(self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int) -> Sampled:
-        if noise is None:
-            raise ValueError("the torch runner needs the sampling noise")
-        model, dtype = self.model, self.dtype
+    def sample(self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None) -> Sampled:
+        if noise is None or num_steps is None:
+            raise ValueError("the torch runner needs the sampling noise and step count")
+        # nn.Module types its attributes as Tensor | Module; the model's stages are methods.
+        model, dtype = cast(StagedModel, self.model), self.dtype
 
         def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             # The Euler state stays float32 (as the reference keeps it): a bfloat16 model sees bfloat16 inputs,

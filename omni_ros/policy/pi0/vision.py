@@ -116,6 +116,7 @@ class VisionEncoder(nn.Module):
             scale, shift = self.film(condition).chunk(2, dim=-1)
             x = x * (1.0 + scale.unsqueeze(1)) + shift.unsqueeze(1)
         if self.keypoints is None:
+            assert self.proj is not None  # only keypoint encoders have no patch projection
             return self.proj(x)
         if self.proj is None:
             return self.keypoints(x)

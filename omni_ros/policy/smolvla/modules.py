@@ -8,6 +8,9 @@ XNNPACK backend delegates (see `omni_ros.policy.layers`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -110,7 +113,7 @@ class SmolVLMVision(nn.Module):
         native = cfg.image_size // cfg.patch_size
         self.pos_embed = nn.Parameter(torch.randn(native * native, cfg.width) * 0.02)
         self.blocks = nn.ModuleList(VitBlock(cfg, "tanh") for _ in range(cfg.depth))  # type: ignore[arg-type]
-        for block in self.blocks:
+        for block in cast(Iterable[VitBlock], self.blocks):
             block.norm1.eps = block.norm2.eps = cfg.norm_eps
         self.norm = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
         self.connector = nn.Linear(cfg.width * cfg.scale_factor**2, out_width, bias=False)
