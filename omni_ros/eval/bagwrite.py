@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from omni_ros.eval.bag import (
     ACTION_CHUNK,
@@ -120,10 +121,10 @@ class BagWriter:
         self,
         topic: str,
         names: Sequence[str],
-        positions: Sequence[float],
+        positions: ArrayLike,
         stamp: float,
         log_time: float | None = None,
-        velocities: Sequence[float] | None = None,
+        velocities: ArrayLike | None = None,
     ) -> None:
         msg = self.store.types[JOINT_STATE](
             header=self.header(stamp),
@@ -141,7 +142,7 @@ class BagWriter:
         self,
         topic: str,
         names: Sequence[str],
-        points: Sequence[Sequence[float]],
+        points: Sequence[ArrayLike],
         stamp: float,
         log_time: float | None = None,
         point_dt: float = 0.02,
@@ -165,7 +166,7 @@ class BagWriter:
         msg = self.store.types[JOINT_TRAJECTORY](header=self.header(stamp), joint_names=list(names), points=pts)
         self.write(topic, JOINT_TRAJECTORY, msg, stamp if log_time is None else log_time)
 
-    def float_array(self, topic: str, values: Sequence[float], log_time: float) -> None:
+    def float_array(self, topic: str, values: ArrayLike, log_time: float) -> None:
         layout = self.store.types["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
         msg = self.store.types[FLOAT64_ARRAY](layout=layout, data=np.asarray(values, dtype=np.float64))
         self.write(topic, FLOAT64_ARRAY, msg, log_time)

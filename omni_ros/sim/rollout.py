@@ -40,6 +40,7 @@ def expert_policy(env: SimRobot, expert: ReachingExpert) -> ChunkPolicy:
     """The scripted expert as a chunk policy (it reads the target's position from the simulator)."""
 
     def policy(obs: dict[str, Any]) -> np.ndarray:
+        assert env.scene is not None and env.task is not None  # set by reset()
         return expert.chunk(obs["state"], env.scene.block(env.task.target).xy)
 
     return policy
@@ -61,6 +62,7 @@ def run_episode(
 ) -> EpisodeResult:
     """One episode from `env.reset(seed)`; `record_every` > 0 keeps every n-th tick's camera frames."""
     env.reset(seed, target=target, prompt=prompt)
+    assert env.task is not None  # set by reset()
     executor = ActionChunkExecutor(env.n_joints, control, control_rate_hz, dry_run=False)
     period = 1.0 / control_rate_hz
     pending: tuple[float, float, np.ndarray, int] | None = None  # (arrival, stamp, actions, request id)
@@ -81,6 +83,7 @@ def run_episode(
                 pending = None
         command = executor.tick(now)
         if command.publish:
+            assert command.positions is not None  # a published command has a position
             env.command(command.positions)
         if record_every > 0 and tick % record_every == 0:
             frames.append(env.render())
