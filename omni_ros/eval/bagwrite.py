@@ -47,7 +47,7 @@ class BagWriter:
             raise BagError(f"bag {path}: already exists; choose a new output directory")
         plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
         self.store = base_typestore()
-        self._writer = Writer(self.path, version=9, storage_plugin=plugin)
+        self._writer: Writer | None = Writer(self.path, version=9, storage_plugin=plugin)
         self._writer.open()
         self._connections: dict[str, Any] = {}
         self.messages = 0
@@ -68,6 +68,7 @@ class BagWriter:
             self._writer = None
 
     def set_custom_data(self, key: str, value: str) -> None:
+        assert self._writer is not None, f"bag {self.path} is closed"
         self._writer.set_custom_data(key, value)
 
     # ----- generic -------------------------------------------------------------------------------------------
@@ -76,6 +77,7 @@ class BagWriter:
         self.write_raw(topic, msgtype, bytes(self.store.serialize_cdr(msg, msgtype)), log_time)
 
     def write_raw(self, topic: str, msgtype: str, data: bytes, log_time: float) -> None:
+        assert self._writer is not None, f"bag {self.path} is closed"
         conn = self._connections.get(topic)
         if conn is None:
             conn = self._writer.add_connection(topic, msgtype, typestore=self.store)

@@ -178,7 +178,7 @@ def read_pi0(path: Path, config: dict, kind: str, tokenizer: Any) -> Checkpoint:
         expert=arch.expert,
         tokenizer=tok_cfg,
         vocab_size=arch.vocab_size,
-        variant=arch.variant,  # type: ignore[arg-type]
+        variant=arch.variant,
         mlp_activation="gelu_tanh",
         max_state_dim=max(int(config.get("max_state_dim", state_dim)), arch.state_width, state_dim),
         max_action_dim=arch.action_width,

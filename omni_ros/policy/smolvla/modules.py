@@ -65,9 +65,9 @@ class LlamaLayer(DecoderLayer):
         self.k_proj = nn.Linear(kv_width or width, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(kv_width or width, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, width, bias=False)
-        self.input_norm = LlamaRMSNorm(width, eps)  # type: ignore[assignment]
-        self.post_attn_norm = LlamaRMSNorm(width, eps)  # type: ignore[assignment]
-        self.mlp = SiluMLP(width, mlp_dim)  # type: ignore[assignment]
+        self.input_norm = LlamaRMSNorm(width, eps)
+        self.post_attn_norm = LlamaRMSNorm(width, eps)
+        self.mlp = SiluMLP(width, mlp_dim)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -112,7 +112,7 @@ class SmolVLMVision(nn.Module):
         self.patch_embed = nn.Conv2d(3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         native = cfg.image_size // cfg.patch_size
         self.pos_embed = nn.Parameter(torch.randn(native * native, cfg.width) * 0.02)
-        self.blocks = nn.ModuleList(VitBlock(cfg, "tanh") for _ in range(cfg.depth))  # type: ignore[arg-type]
+        self.blocks = nn.ModuleList(VitBlock(cfg, "tanh") for _ in range(cfg.depth))
         for block in cast(Iterable[VitBlock], self.blocks):
             block.norm1.eps = block.norm2.eps = cfg.norm_eps
         self.norm = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
