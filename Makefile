@@ -19,7 +19,7 @@ test: setup
 	$(VENV)/bin/python -m pytest -n 2
 
 lint: setup
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/python -m mypy
 
 # Reference outputs of the real LeRobot 0.6.1 (pi0, pi0.5, SmolVLA) for the checkpoint-loading tests. LeRobot lives
 # in its own venv (Python 3.12, never the product venv); the fixtures are committed, so only regenerating needs it.

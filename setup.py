@@ -57,7 +57,7 @@ setup(
         "eval": ["rosbags>=0.11", "matplotlib"],
         # `omni-ros serve --ray`, `omni-ros eval --ray`, omni_ros.serving.ray_serve:build
         "ray": ["ray[serve]>=2.60"],
-        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.8", "ruff"],
+        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.8", "ruff", "mypy>=2.4"],
     },
     entry_points={"console_scripts": ["omni-ros = omni_ros.cli:main"]},
 )

@@ -67,7 +67,9 @@ def _import_ray() -> ModuleType:
     same settings are refreshed the way Ray itself does when it turns token auth on."""
     import ray
     from ray._private import ray_constants
-    from ray._raylet import AuthenticationTokenLoader, Config
+
+    # Both exist in the compiled module; ray/_raylet.pyi declares only the ID classes.
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
     ray_constants.ENABLE_RAY_CLUSTER = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0"
     Config.initialize("")

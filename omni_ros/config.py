@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 from omni_ros.control.config import ControlConfig
 from omni_ros.eval.config import EvalConfig
@@ -124,7 +124,15 @@ class OmniConfig:
             )
 
 
-def load_config(path: str | os.PathLike | None = None, cls: type[T] = OmniConfig) -> T:
+@overload
+def load_config(path: str | os.PathLike | None = None) -> OmniConfig: ...
+
+
+@overload
+def load_config(path: str | os.PathLike | None, cls: type[T]) -> T: ...
+
+
+def load_config(path: str | os.PathLike | None = None, cls: type[Any] = OmniConfig) -> Any:
     """Load `path` (default: config/default.yaml) into `cls`, validating every key."""
     path = Path(path) if path is not None else CONFIG_DIR / "default.yaml"
     config = load_yaml(path, cls)

@@ -63,6 +63,7 @@ def from_dict(cls: type[T], data: Any, source: str = "<dict>", prefix: str = "")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: {where}: expected a mapping, got {_describe(data)}")
     hints = typing.get_type_hints(cls)
+    # `cls` is a dataclass (from_dict's contract); typeshed's fields() wants type[DataclassInstance], which T is not.
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     kwargs = {}
     for key, value in data.items():
@@ -108,6 +109,7 @@ def _convert(tp: Any, value: Any, source: str, key: str) -> Any:
     if tp is Any:
         return value
     if dataclasses.is_dataclass(tp):
+        # typeshed's is_dataclass narrows to "class or instance"; a type hint is always the class.
         return from_dict(tp, value, source, prefix=f"{key}.")  # type: ignore[arg-type]
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:

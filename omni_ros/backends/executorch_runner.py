@@ -125,10 +125,10 @@ class ExecuTorchRunner:
         return [inputs.images]
 
     def sample(
-        self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int, rtc: RtcPlan | None = None
+        self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None
     ) -> Sampled:
-        if noise is None:
-            raise ValueError("the ExecuTorch runner needs the sampling noise")
+        if noise is None or num_steps is None:
+            raise ValueError("the ExecuTorch runner needs the sampling noise and the step count")
         if rtc is not None and (rtc.target is None or rtc.request.method not in self.rtc_methods):
             offer = ", ".join(self.rtc_methods) or "none (a fused program)"
             raise RtcError(f"{self.pte}: rtc method '{rtc.request.method}' is not served here (it serves: {offer})")
@@ -158,7 +158,7 @@ class ExecuTorchRunner:
                 t = per_token_times(t, horizon, per_token)
                 return self._run(GUIDED_STEP, [prefix_mask, inputs.state, x, t, target, weights, weight, *cache])[0]
 
-            if rtc is None:
+            if rtc is None or rtc.target is None:  # (sample refused a plan without its target above)
                 actions = euler_sample(velocity, noise, num_steps)
             else:
                 # The exported guided step is the only gradient here: there is no eager autograd to fall back on.

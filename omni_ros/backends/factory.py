@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from omni_ros import cpu_features, cpu_threads
 from omni_ros.policy.base import Policy
@@ -51,7 +52,12 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
     from omni_ros.policy.loading import from_preset, load
 
     dtype = runtime_dtype(config)
-    common = {"device": config.device, "dtype": dtype, "seed": config.seed, "num_steps": config.num_steps}
+    common: dict[str, Any] = {
+        "device": config.device,
+        "dtype": dtype,
+        "seed": config.seed,
+        "num_steps": config.num_steps,
+    }
     if config.checkpoint:
         policy = load(config.checkpoint, tokenizer=config.tokenizer, **common)
         check_agrees(policy, camera_names, state_dim, action_dim, config.checkpoint)

@@ -130,9 +130,9 @@ class OnnxRunner:
                         f"{num_steps}; export with --num-steps {num_steps} or use the staged graphs"
                     )
                 begin = time.perf_counter()
-                actions = self._run("sample", {**inputs, "noise": noise})[0]
+                chunk = self._run("sample", {**inputs, "noise": noise})[0]
                 # One call runs encoder, prefill and the loop: the time is reported as denoise_ms.
-                return Sampled(actions, {"denoise_ms": (time.perf_counter() - begin) * 1e3})
+                return Sampled(chunk, {"denoise_ms": (time.perf_counter() - begin) * 1e3})
             stamps = [time.perf_counter()]
             image_tokens = self._run("encode_images", inputs)[0]
             stamps.append(time.perf_counter())
@@ -152,7 +152,7 @@ class OnnxRunner:
                 t = per_token_times(t, horizon, per_token)
                 return torch.from_numpy(self._run("denoise_step", {**feeds, "x_t": x, "t": t})[0])
 
-            if rtc is None:
+            if rtc is None or rtc.target is None:
                 actions = euler_sample(velocity, noise, num_steps)
             else:
                 clean = self.cfg.rtc_max_delay > 0

@@ -59,7 +59,7 @@ from omni_ros.serving.rtc_keys import methods_of, rtc_keys
 logger = logging.getLogger("omni_ros.remote")
 
 # websockets >= 16 warns unless a long-lived connection is asked for explicitly.
-_LEGACY = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
+_LEGACY: dict[str, Any] = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
 
 
 class RemotePolicyError(RuntimeError):
@@ -148,7 +148,7 @@ class RemoteRunner:
                     ping_interval=self.ping_interval_s,
                     ping_timeout=self.ping_interval_s,
                     close_timeout=1.0,
-                    **({"ssl": self._ssl} if self._ssl is not None else {}),
+                    ssl=self._ssl,  # None: websockets makes a default context for wss://
                     **_LEGACY,
                 )
                 first = ws.recv(timeout=timeout)
@@ -324,6 +324,8 @@ class RemotePolicy(InferencePipeline):
     `connection` options are the transport's (`RemoteRunner`: api_key, connect_timeout_s, deadline_s, retries,
     backoff_s, backoff_max_s, max_message_bytes, ping_interval_s).
     """
+
+    processor: RemoteProcessor
 
     def __init__(
         self, url: str, keymap: KeyMap | str | None = None, action_horizon: int = 0, **connection: Any

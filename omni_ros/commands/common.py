@@ -14,7 +14,7 @@ SIM_CONFIGS = {"planar": "sim.yaml", "so101": "sim_so101.yaml"}
 
 def sim_config_path(name: str | bool) -> Path:
     """The built-in config of simulator `name` (True, from a bare `--sim`, is the planar arm)."""
-    return CONFIG_DIR / SIM_CONFIGS["planar" if name is True else name]
+    return CONFIG_DIR / SIM_CONFIGS["planar" if name is True else str(name)]
 
 
 def add_sim_arg(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
     from omni_ros.commands.common import config_from_args
     from omni_ros.tts.engine import TtsError, create_engine
     from omni_ros.tts.pipeline import TtsPipeline, UtteranceStats
-    from omni_ros.tts.sinks import WavSink, open_playback
+    from omni_ros.tts.sinks import AudioSink, WavSink, open_playback
     from omni_ros.tts.text import clean_text
 
     config = config_from_args(args).tts
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"omni-ros say: {exc}", file=sys.stderr)
         return 2
 
-    sinks = []
+    sinks: list[AudioSink] = []
     wav = None
     if args.out:
         out = Path(args.out).expanduser()

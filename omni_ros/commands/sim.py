@@ -140,7 +140,7 @@ def _random_like(policy: Any) -> Any:
 
 def run_eval(args: argparse.Namespace) -> int:
     from omni_ros.progress import Progress
-    from omni_ros.sim.evaluate import EvalOptions, action_error, evaluate, write_video
+    from omni_ros.sim.evaluate import EpisodeRecord, EvalOptions, action_error, evaluate, write_video
 
     config = _sim_config(args)
     if args.checkpoint or args.preset:
@@ -196,6 +196,10 @@ def run_eval(args: argparse.Namespace) -> int:
     for name, p in candidates:
         runs = options.episodes * (2 if options.prompt_following else 1)
         bar = Progress(runs, f"eval {name}", every=max(1, runs // 10))
+
+        def on_episode(r: EpisodeRecord, bar: Progress = bar) -> None:
+            bar.update(1, ok=int(r.success))
+
         score, clips = evaluate(
             name,
             chunks(p),
@@ -203,7 +207,7 @@ def run_eval(args: argparse.Namespace) -> int:
             options,
             action_dt=p.metadata.action_dt,
             control=config.control,
-            on_episode=lambda r, bar=bar: bar.update(1, ok=int(r.success)),
+            on_episode=on_episode,
         )
         report["results"].append(score.summary())
         if clips and p is policy:

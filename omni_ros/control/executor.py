@@ -29,11 +29,11 @@ import collections
 import enum
 import math
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from omni_ros.config import ConfigError
 from omni_ros.control.blending import ChunkTrajectory, CrossFade, Ensemble, Hold, Switch, Trajectory
@@ -150,7 +150,7 @@ class ActionChunkExecutor:
 
     # ----- inputs -------------------------------------------------------------------------------------------
 
-    def observe_position(self, position: Sequence[float]) -> None:
+    def observe_position(self, position: ArrayLike) -> None:
         """The measured joint positions (the hold position before any command, and after a stop)."""
         q = np.asarray(position, dtype=np.float64)
         if q.shape != (self.dim,) or not np.all(np.isfinite(q)):

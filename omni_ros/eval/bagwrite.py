@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from omni_ros.eval.bag import (
     ACTION_CHUNK,
@@ -46,7 +47,7 @@ class BagWriter:
             raise BagError(f"bag {path}: already exists; choose a new output directory")
         plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
         self.store = base_typestore()
-        self._writer = Writer(self.path, version=9, storage_plugin=plugin)
+        self._writer: Writer | None = Writer(self.path, version=9, storage_plugin=plugin)
         self._writer.open()
         self._connections: dict[str, Any] = {}
         self.messages = 0
@@ -67,6 +68,7 @@ class BagWriter:
             self._writer = None
 
     def set_custom_data(self, key: str, value: str) -> None:
+        assert self._writer is not None, f"bag {self.path} is closed"
         self._writer.set_custom_data(key, value)
 
     # ----- generic -------------------------------------------------------------------------------------------
@@ -75,6 +77,7 @@ class BagWriter:
         self.write_raw(topic, msgtype, bytes(self.store.serialize_cdr(msg, msgtype)), log_time)
 
     def write_raw(self, topic: str, msgtype: str, data: bytes, log_time: float) -> None:
+        assert self._writer is not None, f"bag {self.path} is closed"
         conn = self._connections.get(topic)
         if conn is None:
             conn = self._writer.add_connection(topic, msgtype, typestore=self.store)
@@ -120,10 +123,10 @@ class BagWriter:
         self,
         topic: str,
         names: Sequence[str],
-        positions: Sequence[float],
+        positions: ArrayLike,
         stamp: float,
         log_time: float | None = None,
-        velocities: Sequence[float] | None = None,
+        velocities: ArrayLike | None = None,
     ) -> None:
         msg = self.store.types[JOINT_STATE](
             header=self.header(stamp),
@@ -141,7 +144,7 @@ class BagWriter:
         self,
         topic: str,
         names: Sequence[str],
-        points: Sequence[Sequence[float]],
+        points: Sequence[ArrayLike],
         stamp: float,
         log_time: float | None = None,
         point_dt: float = 0.02,
@@ -165,7 +168,7 @@ class BagWriter:
         msg = self.store.types[JOINT_TRAJECTORY](header=self.header(stamp), joint_names=list(names), points=pts)
         self.write(topic, JOINT_TRAJECTORY, msg, stamp if log_time is None else log_time)
 
-    def float_array(self, topic: str, values: Sequence[float], log_time: float) -> None:
+    def float_array(self, topic: str, values: ArrayLike, log_time: float) -> None:
         layout = self.store.types["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
         msg = self.store.types[FLOAT64_ARRAY](layout=layout, data=np.asarray(values, dtype=np.float64))
         self.write(topic, FLOAT64_ARRAY, msg, log_time)

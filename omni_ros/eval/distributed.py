@@ -22,7 +22,7 @@ from omni_ros.config import OmniConfig
 from omni_ros.eval.bag import Bag
 from omni_ros.eval.errors import EvalError, NoSamplesError
 from omni_ros.eval.evaluate import Evaluation, _finish, _prepare_out, load_eval_policy, no_samples_message
-from omni_ros.eval.replay import Replayer, ReplayResult, Timing, TopicMap
+from omni_ros.eval.replay import BagSummary, Episode, Replayer, ReplayResult, Timing, TopicMap
 from omni_ros.eval.results import build_document
 from omni_ros.policy.base import Policy, PolicyMetadata
 from omni_ros.progress import Progress
@@ -42,7 +42,8 @@ def replay_one(config: OmniConfig, path: str) -> tuple[ReplayResult, PolicyMetad
 
 def merge(results: Sequence[ReplayResult], wall_s: float) -> ReplayResult:
     """Per-bag results, in bag order, as the one result a serial replay of all of them gives."""
-    episodes, bags = [], []
+    episodes: list[Episode] = []
+    bags: list[BagSummary] = []
     timing = Timing()
     for result in results:
         offset = len(episodes)

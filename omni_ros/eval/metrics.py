@@ -35,29 +35,26 @@ class Scores:
     """Error sums of a set of predictions, and the counts that go with them."""
 
     dim: int
-    sq: np.ndarray = None  # (H, D) sums of squared errors
-    ab: np.ndarray = None  # (H, D) sums of absolute errors
-    n: np.ndarray = None  # (H, D) scored entries
-    end_sq: np.ndarray = None  # (D,) at each sample's last scored step
-    end_ab: np.ndarray = None
+    # The arrays are sized from `dim` in __post_init__.
+    sq: np.ndarray = field(init=False)  # (H, D) sums of squared errors
+    ab: np.ndarray = field(init=False)  # (H, D) sums of absolute errors
+    n: np.ndarray = field(init=False)  # (H, D) scored entries
+    end_sq: np.ndarray = field(init=False)  # (D,) at each sample's last scored step
+    end_ab: np.ndarray = field(init=False)
     end_n: int = 0
     samples: int = 0
     boundary: list[float] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)
     # The constant baseline on the same scored values: absolute-error sums and counts per joint.
-    hold_ab: np.ndarray = None
-    hold_n: np.ndarray = None
+    hold_ab: np.ndarray = field(init=False)
+    hold_n: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        for name in ("sq", "ab", "n"):
-            if getattr(self, name) is None:
-                setattr(self, name, np.zeros((0, self.dim)))
-        if self.end_sq is None:
-            self.end_sq = np.zeros(self.dim)
-            self.end_ab = np.zeros(self.dim)
-        if self.hold_ab is None:
-            self.hold_ab = np.zeros(self.dim)
-            self.hold_n = np.zeros(self.dim)
+        self.sq, self.ab, self.n = (np.zeros((0, self.dim)) for _ in range(3))
+        self.end_sq = np.zeros(self.dim)
+        self.end_ab = np.zeros(self.dim)
+        self.hold_ab = np.zeros(self.dim)
+        self.hold_n = np.zeros(self.dim)
 
     def add_hold(self, err: np.ndarray, valid: np.ndarray) -> None:
         """`err` (H, D) held position minus ground truth on the steps `valid` (H,) the prediction was scored."""

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from omni_ros.config import OmniConfig
 from omni_ros.eval.bag import COMPRESSED_IMAGE, IMAGE, JOINT_STATE, STRING, Bag
 from omni_ros.eval.errors import EvalError, NoSamplesError
 from omni_ros.eval.evaluate import Evaluation, _finish, _prepare_out
+from omni_ros.eval.groundtruth import Track
 from omni_ros.eval.metrics import Prediction, _num, percentiles, score_episode
 from omni_ros.eval.replay import Episode, Replayer
 from omni_ros.eval.results import build_document
@@ -191,6 +192,7 @@ def evaluate_realtime(
         return best, t_bag
 
     metadata = None
+    actions: np.ndarray | None  # None: the chunk's joints do not cover ours
     for received, msg in chunks:
         actions = np.asarray(msg.actions, dtype=np.float32)
         if msg.horizon * msg.action_dim != len(actions) or msg.horizon == 0:
@@ -235,8 +237,9 @@ def evaluate_realtime(
     for ep in offline.episodes:
         ep.predictions.sort(key=lambda p: p.t0)
         ep.instants = len(ep.predictions)
-        ep.scores, ep.masks = score_episode(ep.predictions, ep.track, len(joints))
-    if not any(ep.scores.samples for ep in offline.episodes):
+        # An episode without a track got no predictions above, so score_episode never reads its track.
+        ep.scores, ep.masks = score_episode(ep.predictions, cast(Track, ep.track), len(joints))
+    if not any(ep.scores is not None and ep.scores.samples for ep in offline.episodes):
         raise NoSamplesError(
             f"real time: no aligned samples from the policy node for {', '.join(bags)}: received {len(chunks)} "
             f"chunks on '{config.topics.action_chunk}' and {len(commands)} commands on "
@@ -255,6 +258,7 @@ def evaluate_realtime(
             "mae_per_joint": {j: (_num(ex_ab[i] / ex_n) if ex_n else None) for i, j in enumerate(joints)},
         },
     }
+    assert metadata is not None  # set by the first chunk, and without chunks NoSamplesError was raised
     doc = build_document(offline, config, metadata, mode="realtime", realtime=realtime)
     series = {
         k: (np.array([t for t, _ in v]), np.array([q for _, q in v]).reshape(len(v), len(joints)))

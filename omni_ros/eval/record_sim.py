@@ -79,6 +79,7 @@ def record_sim(
         base = EPOCH
         for k in range(episodes):
             env.reset(first_seed + k)
+            assert env.task is not None  # set by reset()
             expert = make_expert(env, CollectOptions(horizon=horizon, action_dt=chunk_dt))
             policy = expert_policy(env, expert)
             executor = ActionChunkExecutor(len(names), config.control, rate, dry_run=False)
@@ -106,6 +107,7 @@ def record_sim(
                     chunk_id += 1
                 command = executor.tick(now)
                 if command.publish:
+                    assert command.positions is not None  # a published command has a position
                     env.command(command.positions)
                     bag.trajectory(config.control.command_topic, names, [command.positions], t, point_dt=period)
                 env.step(period)

@@ -313,6 +313,7 @@ class Replayer:
             nonlocal last_frame_t
             if self.policy is None:  # ground truth only (real-time mode: the node decides when to infer)
                 return
+            assert episode is not None  # instants come after the first message opened an episode
             episode.instants += 1
             t_start = time.perf_counter()
             try:
@@ -373,6 +374,7 @@ class Replayer:
                 last_frame_t = -math.inf
                 n_instant = 0
                 next_instant = t if rate > 0 else math.inf
+            assert episode is not None  # the first message opened one
             last_t = t
             # Fixed-rate instants due before this message see only what came before it.
             while next_instant < t - 1e-9:

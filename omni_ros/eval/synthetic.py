@@ -13,7 +13,7 @@ pixels, and joint 1 of the joint state is linear in time. `OraclePolicy` then re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,11 +117,13 @@ def _frame(spec: SyntheticSpec, camera_index: int, tau: float) -> np.ndarray:
 
 def write_synthetic_bag(path: str | Path, spec: SyntheticSpec, storage: str = "mcap") -> Path:
     """Write the bag described by `spec`; events at equal times go state, cameras (trigger last), command."""
-    events: list[tuple[float, int, Callable[[BagWriter], None]]] = []
+    # Each event is called with the BagWriter (Callable[..., None]: mypy cannot match a lambda whose extra
+    # parameters bind loop values by default to Callable[[BagWriter], None]).
+    events: list[tuple[float, int, Callable[..., None]]] = []
     t0 = T_START
     delay = spec.log_delay_s
 
-    def at(tau: float, order: int, fn: Callable[[BagWriter], None]) -> None:
+    def at(tau: float, order: int, fn: Callable[..., None]) -> None:
         events.append((round(tau, 9), order, fn))
 
     at(0.0, 0, lambda w: w.string(spec.prompt_topic, spec.prompt, t0 + delay))
@@ -148,6 +150,7 @@ def write_synthetic_bag(path: str | Path, spec: SyntheticSpec, storage: str = "m
                 continue
             image = _frame(spec, ci, tau)
             stamp = tau - spec.stamp_back_s if round(tau, 6) in late else tau
+            fn: Callable[..., None]
             if spec.compressed:
                 fn = lambda w, topic=topic, image=image, stamp=stamp, tau=tau: w.compressed(  # noqa: E731
                     topic, image, t0 + stamp, t0 + tau + delay, fmt="png"
@@ -198,7 +201,7 @@ class _ReferencePolicy(BasePolicy):
         )
         self.calls = 0
 
-    def observation_time(self, obs: dict[str, Any]) -> float:
+    def observation_time(self, obs: Mapping[str, Any]) -> float:
         """The assembler's stamp for this observation: its oldest input."""
         times = [decode_time(img) for img in obs["images"].values()]
         times.append(self.synthetic.state_time(np.asarray(obs["state"])))
@@ -213,7 +216,7 @@ class OraclePolicy(_ReferencePolicy):
         self.offset_s = offset_s
         self.stamps: list[float] = []
 
-    def infer(self, obs: dict[str, Any], *, noise: Any = None) -> dict[str, Any]:
+    def infer(self, obs: Mapping[str, Any], *, noise: Any = None) -> dict[str, Any]:
         self.calls += 1
         t0 = self.observation_time(obs)
         self.stamps.append(t0)
@@ -230,7 +233,7 @@ class ConstantPolicy(_ReferencePolicy):
         self.value = np.asarray(value, dtype=np.float32)
         self.stamps: list[float] = []
 
-    def infer(self, obs: dict[str, Any], *, noise: Any = None) -> dict[str, Any]:
+    def infer(self, obs: Mapping[str, Any], *, noise: Any = None) -> dict[str, Any]:
         self.calls += 1
         self.stamps.append(self.observation_time(obs))
         return {"actions": np.tile(self.value, (self.metadata.action_horizon, 1))}

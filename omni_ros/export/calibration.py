@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from omni_ros.errors import OmniRosError
 from omni_ros.observation import make_observation
+from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pi0.configuration import ModelConfig
 from omni_ros.policy.pi0.processing import model_inputs
@@ -101,7 +101,7 @@ def calibration_observations(source: str, cfg: ModelConfig, samples: int, seed: 
 
 def observation_inputs(
     cfg: ModelConfig, tokenizer: Tokenizer, norm_stats: NormStats, observations: list[dict[str, Any]]
-) -> list[dict[str, torch.Tensor]]:
+) -> list[ModelInputs]:
     """Each observation through the policy's preprocessing: model inputs of batch 1."""
     spec = cfg.observation_spec()
     return [model_inputs(cfg, tokenizer, norm_stats, [make_observation(spec, obs)]) for obs in observations]

@@ -9,14 +9,18 @@ copy it exports.
 
 from __future__ import annotations
 
+from typing import Any, TypeVar, cast
+
 from torch import nn
 
+ModelT = TypeVar("ModelT", bound=nn.Module)
 
-def use_export_forms(model: nn.Module, enabled: bool = True) -> nn.Module:
+
+def use_export_forms(model: ModelT, enabled: bool = True) -> ModelT:
     """Switch every module of `model` that has an export form to it (or back); returns `model`."""
     for module in model.modules():
         if hasattr(type(module), "export_form"):
-            module.export_form = enabled
+            cast(Any, module).export_form = enabled  # a plain attribute, not a Tensor | Module
     return model
 
 

@@ -86,6 +86,7 @@ def export_method_graph(model: Pi0Model, method: str, path: Path, num_steps: int
         )
         # One self-contained file while the weights fit protobuf's 2 GB; beyond that, <name>.data beside it.
         large = sum(p.numel() * p.element_size() for p in model.parameters()) > 1.8e9
+        assert program is not None  # dynamo=True always returns an ONNXProgram (None is the legacy exporter's)
         program.save(str(path), external_data=large)
     return time.perf_counter() - start
 

@@ -24,6 +24,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ class HtpTarget:
         }
 
 
-def check_providers(providers: list[str] | tuple[str, ...]) -> list[str]:
+def check_providers(providers: Sequence[str]) -> list[str]:
     providers = list(providers)
     unknown = [p for p in providers if p not in PROVIDERS]
     if not providers or unknown:

@@ -150,7 +150,7 @@ def calibration_inputs(
     samples: int,
     seed: int = 0,
     inputs: list[ModelInputs] | None = None,
-):
+) -> dict[str, list[tuple[torch.Tensor, ...]]]:
     """Per method, input tuples produced by running the eager model on observations.
 
     `inputs` are model inputs of real observations (batch 1, `omni_ros.export.calibration`); without them,

@@ -106,7 +106,7 @@ def build_htp_graphs(
     htp = HtpTarget.from_options(qnn)
     quantized = PRECISIONS[qnn.precision] is not None
     cfg = model.cfg
-    batches = None
+    batches: dict[str, Any] = {}  # per method, when quantized
     if quantized:
         start = time.perf_counter()
         log.info("export %s: calibrating on %d observations (%s)", out, qnn.calibration_samples, calibration)

@@ -41,7 +41,8 @@ def quantize_model(model: nn.Module, recipe: str, group_size: int = GROUP_SIZE) 
         def wanted(module: nn.Module, _fqn: str) -> bool:
             return isinstance(module, nn.Linear)
     else:
-        config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group_size))
+        # torch.int4 exists at run time (torch >= 2.3) but torch's stubs do not declare it.
+        config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group_size))  # type: ignore[attr-defined]
 
         def wanted(module: nn.Module, _fqn: str) -> bool:
             # Groups must tile the input: a 14-dim action projection cannot be grouped by 32 and stays float.

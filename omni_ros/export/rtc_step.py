@@ -57,7 +57,10 @@ class GuidedStep(nn.Module):
         for p in model.parameters():  # only the VJP with respect to x_t is wanted, not weight gradients
             p.requires_grad_(False)
         try:  # (a submodule named `graph` would clash with the exported GraphModule's own attribute)
-            self.traced = make_fx(_guided(step), decomposition_table=core_aten_decompositions())(*example)
+            # torch's stub types the table as a Mapping of OpOverloads; core_aten_decompositions returns its
+            # CustomDecompTable, which is that Mapping at run time.
+            table = core_aten_decompositions()
+            self.traced = make_fx(_guided(step), decomposition_table=table)(*example)  # type: ignore[arg-type]
         finally:
             for p, flag in zip(model.parameters(), frozen, strict=True):
                 p.requires_grad_(flag)

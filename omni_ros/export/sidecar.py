@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,7 @@ def _major_minor(v: str) -> tuple[str, ...]:
 def check_compatible(
     sidecar: Sidecar,
     source: str,
-    camera_names: list[str] | tuple[str, ...] | None = None,
+    camera_names: Sequence[str] | None = None,
     state_dim: int | None = None,
     action_dim: int | None = None,
     executorch_version: str | None = None,

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from omni_ros.control.executor import ActionChunkExecutor, ExecState
 from omni_ros.feed import MessageFeed
 from omni_ros.policy.base import Policy
 from omni_ros.policy.rtc import RtcRequest
+
+if TYPE_CHECKING:
+    from omni_ros.policy.pipeline import InferencePipeline
 
 # The achieved command rate is measured over this many seconds.
 RATE_WINDOW_S = 2.0
@@ -244,7 +247,10 @@ class PolicyLoop:
 
     def _infer(self, obs: dict[str, Any], rtc: RtcRequest | None) -> tuple[dict[str, Any], float]:
         start = time.perf_counter()
-        result = self.policy.infer(obs) if rtc is None else self.policy.infer(obs, rtc=rtc)
+        if rtc is None:
+            result = self.policy.infer(obs)
+        else:  # blending rtc passed check_rtc_support at configure: the policy is a pipeline that serves it
+            result = cast("InferencePipeline", self.policy).infer(obs, rtc=rtc)
         return result, time.perf_counter() - start
 
     def _chunk_done(self, future: concurrent.futures.Future, stamp: float, request_id: int) -> None:

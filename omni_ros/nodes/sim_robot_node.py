@@ -82,6 +82,7 @@ class SimRobotNode(Node):
 
     def _reset_episode(self, seed: int) -> None:
         self.env.reset(seed)
+        assert self.env.task is not None and self.env.scene is not None  # set by reset()
         self._seed = seed
         self._ended_at = None
         self._last_step = time.monotonic()
@@ -90,6 +91,7 @@ class SimRobotNode(Node):
         self.get_logger().info(f"episode seed {seed}: '{self.env.task.prompt}' (blocks {self.env.scene.colors})")
 
     def episode_info(self) -> dict:
+        assert self.env.episode is not None  # the node resets the sim before it serves
         info = self.env.episode.to_dict()
         info.update(
             success=self.env.succeeded_at is not None,
@@ -105,6 +107,7 @@ class SimRobotNode(Node):
     def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         self._reset_episode(self._seed + 1)
         response.success = True
+        assert self.env.episode is not None  # the node resets the sim before it serves
         response.message = json.dumps(self.env.episode.to_dict())
         return response
 
@@ -119,6 +122,7 @@ class SimRobotNode(Node):
         was_success = self.env.succeeded_at is not None
         self.env.step(dt)
         if not was_success and self.env.succeeded_at is not None:
+            assert self.env.task is not None  # the node resets the sim before it serves
             self.get_logger().info(
                 f"success: reached the {self.env.task.target} block in {self.env.succeeded_at:.2f} s"
             )

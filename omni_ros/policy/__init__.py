@@ -15,6 +15,7 @@ loading OpenCV or torch, so the names below are imported on first use.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = ["BasePolicy", "Policy", "PolicyMetadata", "from_model", "from_preset", "load"]
@@ -22,9 +23,9 @@ __all__ = ["BasePolicy", "Policy", "PolicyMetadata", "from_model", "from_preset"
 
 def __getattr__(name: str) -> Any:
     if name in ("load", "from_model", "from_preset"):
-        from omni_ros.policy import loading as module
+        module = "loading"
     elif name in ("BasePolicy", "Policy", "PolicyMetadata"):
-        from omni_ros.policy import base as module
+        module = "base"
     else:
         raise AttributeError(f"module 'omni_ros.policy' has no attribute {name!r}")
-    return getattr(module, name)
+    return getattr(importlib.import_module(f"omni_ros.policy.{module}"), name)

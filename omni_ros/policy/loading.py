@@ -22,7 +22,7 @@ from omni_ros.policy.torch_runner import TorchRunner, resolve_dtype
 def load(
     path: str | Path,
     *,
-    tokenizer: Tokenizer | None = None,
+    tokenizer: Tokenizer | str | Path | None = None,
     device: str = "cpu",
     dtype: str = "float32",
     seed: int | None = 0,

@@ -33,6 +33,9 @@ from omni_ros.policy.base import BasePolicy, PolicyMetadata
 from omni_ros.policy.rtc import RtcError, RtcPlan, RtcRequest
 
 InputsT = TypeVar("InputsT")
+# A processor produces inputs (covariant), a runner consumes them (contravariant).
+InputsT_co = TypeVar("InputsT_co", covariant=True)
+InputsT_contra = TypeVar("InputsT_contra", contravariant=True)
 STAGES = ("embed_prefix_ms", "prefill_ms", "denoise_ms")
 
 
@@ -46,7 +49,7 @@ class Sampled:
     extras: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Processor(Protocol[InputsT]):
+class Processor(Protocol[InputsT_co]):
     """A family's pre/post-processing: raw observation -> model inputs, model output -> robot actions."""
 
     spec: ObservationSpec
@@ -60,7 +63,7 @@ class Processor(Protocol[InputsT]):
 
     def parse(self, raw: Mapping[str, Any]) -> Observation: ...
 
-    def inputs(self, observations: Sequence[Observation], device: torch.device, dtype: torch.dtype) -> InputsT: ...
+    def inputs(self, observations: Sequence[Observation], device: torch.device, dtype: torch.dtype) -> InputsT_co: ...
 
     def actions(self, normalized: np.ndarray, observation: Observation) -> np.ndarray: ...
 
@@ -69,23 +72,29 @@ class Processor(Protocol[InputsT]):
         ...
 
 
-class Runner(Protocol[InputsT]):
+class Runner(Protocol[InputsT_contra]):
     """A backend: how to run the model on inputs and noise."""
 
     backend: str
     device: torch.device
     dtype: torch.dtype
+
     # Largest batch one `sample` call takes (None: any). Bigger batches are split by the pipeline.
-    max_batch: int | None
+    @property
+    def max_batch(self) -> int | None: ...
+
     # True where the runner draws the noise itself when a request carries none (a remote server does);
     # otherwise the pipeline draws it.
     draws_noise: bool
-    # Real-time chunking methods `sample(..., rtc=)` serves ("guided", "inpaint"); () or absent: none (then
-    # `sample` is never called with rtc).
-    rtc_methods: tuple[str, ...]
+
+    @property
+    def rtc_methods(self) -> tuple[str, ...]:
+        """Real-time chunking methods `sample(..., rtc=)` serves ("guided", "inpaint"); () or absent: none (then
+        `sample` is never called with rtc)."""
+        ...
 
     def sample(
-        self, inputs: InputsT, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None
+        self, inputs: InputsT_contra, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None
     ) -> Sampled: ...
 
     def close(self) -> None: ...
@@ -177,6 +186,7 @@ class InferencePipeline(BasePolicy, Generic[InputsT]):
         start = time.perf_counter()
         parsed = [self.processor.parse(obs) for obs in observations]
         inputs = self.processor.inputs(parsed, self.runner.device, self.runner.dtype)
+        drawn: torch.Tensor | None
         if noise is not None:
             drawn = self._given_noise(noise, len(parsed))
         else:

@@ -15,6 +15,7 @@ training-time RTC (`rtc_max_delay` > 0) takes per-token times and gets its froze
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -80,6 +81,18 @@ def compact(inputs: ModelInputs) -> ModelInputs:
     )
 
 
+class StagedModel(Protocol):
+    """The three inference stages a family's model has (see the module docstring)."""
+
+    def embed_prefix(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def prefill(self, x: torch.Tensor, mask: torch.Tensor) -> Any: ...
+
+    def denoise_step(
+        self, cache: Any, prefix_mask: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
 class TorchRunner:
     """Runs an eager model; the model is moved to the device and dtype once, here."""
 
@@ -100,13 +113,14 @@ class TorchRunner:
             torch.cuda.synchronize(self.device)
 
     def sample(
-        self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int, rtc: RtcPlan | None = None
+        self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None
     ) -> Sampled:
-        if noise is None:
-            raise ValueError("the torch runner needs the sampling noise")
+        if noise is None or num_steps is None:
+            raise ValueError("the torch runner needs the sampling noise and step count")
         if rtc is not None and rtc.target is None:
             raise ValueError("the torch runner needs the RTC plan in model units (RtcPlan.target)")
-        model, dtype = self.model, self.dtype
+        # nn.Module types its attributes as Tensor | Module; the model's stages are methods.
+        model, dtype = cast(StagedModel, self.model), self.dtype
 
         def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             # The Euler state stays float32 (as the reference keeps it): a bfloat16 model sees bfloat16 inputs,
@@ -121,14 +135,14 @@ class TorchRunner:
             clock.lap("embed_prefix_ms")
             cache = model.prefill(prefix, prefix_mask)
             clock.lap("prefill_ms")
-            if rtc is None:
-                result = euler_sample(velocity, noise.float(), num_steps)
+            if rtc is None or rtc.target is None:
+                chunk = euler_sample(velocity, noise.float(), num_steps)
             else:
                 clean = getattr(getattr(model, "cfg", None), "rtc_max_delay", 0) > 0
-                result = rtc_sample(velocity, noise.float(), num_steps, rtc.target.float(), rtc.request, clean)
-            result = result.detach().cpu().numpy()
+                chunk = rtc_sample(velocity, noise.float(), num_steps, rtc.target.float(), rtc.request, clean)
+            actions = chunk.detach().cpu().numpy()
             clock.lap("denoise_ms")
-        return Sampled(result, clock.ms)
+        return Sampled(actions, clock.ms)
 
     def close(self) -> None:
         """Nothing to release: the weights go with the object."""

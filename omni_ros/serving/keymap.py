@@ -109,8 +109,8 @@ class KeyMap:
         for path in paths:
             node = self._tree
             parts = path.split(".")
-            for part in parts[:-1]:
-                child = node.setdefault(part, {})
+            for name in parts[:-1]:
+                child = node.setdefault(name, {})
                 if child is True:
                     raise ConfigError(f"{source}: key '{path}' nests under a key that is itself a value")
                 node = child

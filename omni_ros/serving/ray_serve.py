@@ -28,7 +28,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, WebSocket
 from ray import serve
@@ -335,7 +335,7 @@ class OpenPIIngress:
 
 def application(spec: RaySpec) -> serve.Application:
     """The Serve application for `spec` (bind it with `serve.run(..., route_prefix="/")`)."""
-    options = {
+    options: dict[str, Any] = {
         "logging_config": {"log_level": "WARNING", "enable_access_log": False},
         "max_ongoing_requests": spec.max_connections,
         "graceful_shutdown_timeout_s": spec.graceful_shutdown_s,
@@ -343,10 +343,14 @@ def application(spec: RaySpec) -> serve.Application:
         "health_check_period_s": 2.0,
     }
     actor = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus}
+    # @serve.deployment made the classes Deployments; mypy does not apply class decorators (python/mypy#3135).
+    replica, worker_deployment, ingress_deployment = (
+        cast(serve.Deployment, c) for c in (PolicyReplica, PolicyWorker, OpenPIIngress)
+    )
     if spec.design == "fused":
-        return PolicyReplica.options(num_replicas=spec.replicas, ray_actor_options=actor, **options).bind(spec)
-    worker = PolicyWorker.options(num_replicas=spec.replicas, ray_actor_options=actor, **options).bind(spec)
-    ingress = OpenPIIngress.options(
+        return replica.options(num_replicas=spec.replicas, ray_actor_options=actor, **options).bind(spec)
+    worker = worker_deployment.options(num_replicas=spec.replicas, ray_actor_options=actor, **options).bind(spec)
+    ingress = ingress_deployment.options(
         num_replicas=spec.ingress_replicas, ray_actor_options={"num_cpus": 0}, **options
     ).bind(spec, worker)
     return ingress
@@ -421,7 +425,7 @@ def deploy(spec: RaySpec, url: str) -> dict[str, Any]:
     key = resolve_api_key(spec.serve)
     headers = {"Authorization": f"Api-Key {key}"} if key else None
     with connect(url, additional_headers=headers, compression=None, max_size=None, proxy=None) as ws:
-        return unpackb(ws.recv(timeout=60))
+        return unpackb(cast(bytes, ws.recv(timeout=60)))  # the metadata frame is binary (msgpack)
 
 
 def build(args: dict[str, Any]) -> serve.Application:

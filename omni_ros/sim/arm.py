@@ -8,12 +8,13 @@ of angles 0..k, measured from the +x axis.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def broadcast_per_joint(values: Sequence[float], n: int, what: str) -> np.ndarray:
+def broadcast_per_joint(values: Iterable[float], n: int, what: str) -> np.ndarray:
     """One value for every joint, or exactly one per joint."""
     arr = np.asarray(list(values), dtype=np.float64)
     if arr.ndim != 1 or arr.size not in (1, n):
@@ -39,8 +40,8 @@ class PlanarArm:
     def __init__(
         self,
         link_lengths: Sequence[float],
-        lower: Sequence[float] | float = -math.pi,
-        upper: Sequence[float] | float = math.pi,
+        lower: ArrayLike = -math.pi,
+        upper: ArrayLike = math.pi,
         time_constant: float = 0.08,
         max_velocity: float = 3.0,
     ) -> None:
@@ -48,8 +49,8 @@ class PlanarArm:
         if self.links.ndim != 1 or self.links.size < 1 or np.any(self.links <= 0):
             raise ValueError(f"link_lengths must be positive, got {list(link_lengths)}")
         n = self.links.size
-        self.lower = broadcast_per_joint([lower] if np.isscalar(lower) else lower, n, "joint_lower")
-        self.upper = broadcast_per_joint([upper] if np.isscalar(upper) else upper, n, "joint_upper")
+        self.lower = broadcast_per_joint(np.atleast_1d(lower), n, "joint_lower")
+        self.upper = broadcast_per_joint(np.atleast_1d(upper), n, "joint_upper")
         if np.any(self.lower >= self.upper):
             raise ValueError(f"joint_lower must be below joint_upper: {self.lower} vs {self.upper}")
         if time_constant <= 0 or max_velocity <= 0:
@@ -68,7 +69,7 @@ class PlanarArm:
     def reach(self) -> float:
         return float(self.links.sum())
 
-    def reset(self, q: Sequence[float]) -> None:
+    def reset(self, q: ArrayLike) -> None:
         """Place the arm at rest at `q` (clipped to the limits), commanding it to stay."""
         self.q = self.clip(np.asarray(q, dtype=np.float64))
         self.qd = np.zeros(self.n_joints)
@@ -77,7 +78,7 @@ class PlanarArm:
     def clip(self, q: np.ndarray) -> np.ndarray:
         return np.clip(q, self.lower, self.upper)
 
-    def command(self, target: Sequence[float]) -> None:
+    def command(self, target: ArrayLike) -> None:
         """Set the position the joints follow; out-of-range targets are clipped, non-finite ones refused."""
         target = np.asarray(target, dtype=np.float64)
         if target.shape != (self.n_joints,):

@@ -68,6 +68,7 @@ def collect_episode(
     samples: list[Sample] = []
 
     def policy(obs: dict[str, Any]) -> np.ndarray:
+        assert env.scene is not None and env.task is not None  # set by reset()
         goal = np.asarray(env.scene.block(env.task.target).xy)
         label = expert.chunk(obs["state"], goal)
         samples.append(

@@ -97,7 +97,7 @@ class DatasetWriter:
         if not self._buffer:
             return
         name = f"shard_{len(self.meta.shards):05d}.npz"
-        arrays: dict[str, np.ndarray] = {
+        arrays: dict[str, Any] = {  # arrays (Any: np.savez's **kwds would otherwise meet its allow_pickle: bool)
             f"images_{c}": np.stack([s.images[c] for s in self._buffer]) for c in self.meta.cameras
         }
         arrays["state"] = np.stack([s.state for s in self._buffer]).astype(np.float32)
@@ -107,7 +107,7 @@ class DatasetWriter:
         arrays["episode"] = np.array([s.episode for s in self._buffer], dtype=np.int64)
         arrays["time"] = np.array([s.time for s in self._buffer], dtype=np.float32)
         if all(s.goal is not None for s in self._buffer):
-            arrays["goal"] = np.stack([s.goal for s in self._buffer]).astype(np.float32)
+            arrays["goal"] = np.stack([s.goal for s in self._buffer if s.goal is not None]).astype(np.float32)
         # Write under a temporary name, then rename: a shard listed in meta.json is always complete.
         tmp = self.out / (name + ".tmp.npz")
         np.savez_compressed(tmp, **arrays)

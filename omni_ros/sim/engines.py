@@ -8,14 +8,19 @@ context stay out of processes that drive the planar arm.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from omni_ros.sim.config import ENGINES, SimConfig
 from omni_ros.sim.env import EpisodeInfo
 from omni_ros.sim.scene import Scene
 from omni_ros.sim.task import Task
+
+if TYPE_CHECKING:
+    from omni_ros.sim.env import SimEnv
+    from omni_ros.sim.so101.env import So101Env
 
 
 class SimRobot(Protocol):
@@ -26,7 +31,9 @@ class SimRobot(Protocol):
     time: float
     task: Task | None
     episode: EpisodeInfo | None
-    succeeded_at: float | None
+
+    @property
+    def succeeded_at(self) -> float | None: ...
 
     @property
     def n_joints(self) -> int: ...
@@ -42,7 +49,7 @@ class SimRobot(Protocol):
     def done(self) -> bool: ...
 
     def reset(self, seed: int | None = None, target: str | None = None, prompt: str | None = None) -> dict: ...
-    def command(self, positions: Sequence[float]) -> None: ...
+    def command(self, positions: ArrayLike) -> None: ...
     def step(self, dt: float) -> None: ...
     def success(self) -> bool: ...
     def ended_on(self) -> str | None: ...
@@ -57,8 +64,8 @@ class ReachingExpert(Protocol):
     horizon: int
     dt: float
 
-    def goal(self, target: Sequence[float]) -> np.ndarray: ...
-    def chunk(self, q: Sequence[float], target: Sequence[float]) -> np.ndarray: ...
+    def goal(self, target: ArrayLike) -> np.ndarray: ...
+    def chunk(self, q: ArrayLike, target: ArrayLike) -> np.ndarray: ...
 
 
 def make_env(sim: SimConfig) -> SimRobot:
@@ -82,10 +89,11 @@ def make_expert(env: SimRobot, horizon: int, dt: float, ik_reference: Sequence[f
     if env.config.engine == "so101":
         from omni_ros.sim.so101.expert import So101Expert
 
-        return So101Expert(env, horizon=horizon, dt=dt)
+        return So101Expert(cast("So101Env", env), horizon=horizon, dt=dt)
     from omni_ros.sim.expert import ReachExpert
 
+    planar = cast("SimEnv", env)  # the planar arm is the other engine
     reference = np.asarray(list(ik_reference), dtype=np.float64)
     if reference.shape != (env.n_joints,):
-        reference = env.home
-    return ReachExpert(env.arm, reference, horizon=horizon, dt=dt)
+        reference = planar.home
+    return ReachExpert(planar.arm, reference, horizon=horizon, dt=dt)

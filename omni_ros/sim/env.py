@@ -11,11 +11,11 @@ the simulator directly (evaluation) or through ROS (sim_robot_node).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from omni_ros.sim.arm import PlanarArm, broadcast_per_joint, default_home
 from omni_ros.sim.config import SimConfig
@@ -78,7 +78,7 @@ class SimEnv(EpisodeClock):
         self._hold.reset()
         return self.observe()
 
-    def command(self, positions: Sequence[float]) -> None:
+    def command(self, positions: ArrayLike) -> None:
         """Joint position targets the arm follows from now on."""
         self.arm.command(positions)
 
@@ -97,15 +97,19 @@ class SimEnv(EpisodeClock):
 
     def success(self) -> bool:
         """The tool point is on the prompted block now (the episode succeeds once it stays there)."""
-        return self.task is not None and self.task.success(self.scene, self.arm.end_effector())
+        return (
+            self.task is not None and self.scene is not None and self.task.success(self.scene, self.arm.end_effector())
+        )
 
     def distance_to_target(self) -> float:
+        assert self.task is not None and self.scene is not None  # set by reset()
         return self.task.distance(self.scene, self.arm.end_effector())
 
     def ended_on(self) -> str | None:
         """The block the tool point is on now (within the success radius), if any."""
         tip = self.arm.end_effector()
         ended_on = None
+        assert self.scene is not None  # set by reset()
         for block in self.scene.blocks:
             if np.linalg.norm(tip - np.asarray(block.xy)) <= self.config.success_radius:
                 ended_on = block.color
@@ -134,4 +138,5 @@ class SimEnv(EpisodeClock):
         return self.renderer.render_all(self.scene, self.arm)
 
     def observe(self) -> dict[str, Any]:
+        assert self.task is not None  # set by reset()
         return {"images": self.render(), "state": self.state, "prompt": self.task.prompt}

@@ -97,6 +97,7 @@ class VideoClip:
 def alternate_target(env: SimRobot, seed: int) -> str | None:
     """For prompt following: a block other than the one the seed's own prompt names (deterministic)."""
     env.reset(seed)
+    assert env.scene is not None and env.task is not None  # set by reset()
     others = [c for c in env.scene.colors if c != env.task.target]
     return others[seed % len(others)] if others else None
 
@@ -198,7 +199,7 @@ def write_video(clips: Sequence[VideoClip], path: str | Path, fps: float = 10.0,
     if not frames:
         raise ValueError("no frames to write")
     if path.suffix.lower() in (".mp4", ".avi"):
-        fourcc = cv2.VideoWriter_fourcc(*("mp4v" if path.suffix.lower() == ".mp4" else "MJPG"))
+        fourcc = cv2.VideoWriter.fourcc(*("mp4v" if path.suffix.lower() == ".mp4" else "MJPG"))
         h, w = frames[0].shape[:2]
         writer = cv2.VideoWriter(str(path), fourcc, fps, (w, h))
         if not writer.isOpened():

@@ -11,9 +11,10 @@ the joints' first-order dynamics.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from omni_ros.sim.arm import PlanarArm
 
@@ -25,7 +26,7 @@ def _nearest_turn(angle: float, lower: float, upper: float, reference: float) ->
     return min(options, key=lambda a: abs(a - reference)) if options else None
 
 
-def solve_ik(arm: PlanarArm, target: Sequence[float], home: np.ndarray) -> np.ndarray:
+def solve_ik(arm: PlanarArm, target: ArrayLike, home: np.ndarray) -> np.ndarray:
     """Joint positions putting the tip on `target` (metres), within limits, closest to `home`.
 
     Three joints: exact, with the last link pointing radially away from the
@@ -57,7 +58,8 @@ def _analytic(arm: PlanarArm, target: np.ndarray, home: np.ndarray) -> list[np.n
     for sign in (-1.0, 1.0):
         q2 = sign * math.acos(c2)
         q1 = math.atan2(wrist[1], wrist[0]) - math.atan2(l2 * math.sin(q2), l1 + l2 * math.cos(q2))
-        q = [_nearest_turn(q1, lo[0], hi[0], home[0]), _nearest_turn(q2, lo[1], hi[1], home[1])]
+        # float | None per joint (None: no turn within the limits), checked before use.
+        q: list[Any] = [_nearest_turn(q1, lo[0], hi[0], home[0]), _nearest_turn(q2, lo[1], hi[1], home[1])]
         if arm.n_joints == 3 and None not in q:
             q.append(_nearest_turn(phi - q[0] - q[1], lo[2], hi[2], home[2]))
         if None not in q:
@@ -97,11 +99,14 @@ def _dls_from(arm: PlanarArm, target: np.ndarray, home: np.ndarray, q: np.ndarra
 
 
 class ReachExpert:
-    """Produces (horizon, n_joints) joint position chunks at `dt` that bring the tip to a target."""
+    """Produces (horizon, n_joints) joint position chunks at `dt` that bring the tip to a target.
+
+    `arm` may be None for a subclass that brings its own `goal` and `lead` (the SO-101's expert).
+    """
 
     def __init__(
         self,
-        arm: PlanarArm,
+        arm: PlanarArm | None,
         home: np.ndarray,
         horizon: int = 50,
         dt: float = 0.02,
@@ -117,13 +122,16 @@ class ReachExpert:
         self.dt = float(dt)
         self.max_speed = float(max_speed)
         self.gain = float(gain)
-        lead = arm.time_constant if lead is None else lead
+        if lead is None:
+            assert arm is not None, "without an arm, give the lead"
+            lead = arm.time_constant
         self.lead_steps = max(0, round(lead / dt))
 
-    def goal(self, target: Sequence[float]) -> np.ndarray:
+    def goal(self, target: ArrayLike) -> np.ndarray:
+        assert self.arm is not None, "without an arm, override goal()"
         return solve_ik(self.arm, target, self.home)
 
-    def chunk(self, q: Sequence[float], target: Sequence[float]) -> np.ndarray:
+    def chunk(self, q: ArrayLike, target: ArrayLike) -> np.ndarray:
         """Action chunk from measured positions `q`: action i is the position target at t0 + i * dt."""
         goal = self.goal(target)
         pos = np.asarray(q, dtype=np.float64).copy()

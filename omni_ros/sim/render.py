@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import cv2
 import numpy as np
@@ -107,10 +108,10 @@ def _draw_arm(image: np.ndarray, transform: np.ndarray, arm: PlanarArm, scale: f
             cv2.circle(image, tuple(p), radius, JOINT_RGB, -1, cv2.LINE_AA, _SHIFT)
     # A two-finger gripper whose fingertips straddle the tool point.
     finger = max(1, round(0.008 * scale))
-    points = [palm - 0.025 * side, palm + 0.025 * side]
-    for end in points:
+    tips = [palm - 0.025 * side, palm + 0.025 * side]
+    for end in tips:
         cv2.line(image, *_pts(transform, end, end + 0.035 * fwd), GRIPPER_RGB, finger, cv2.LINE_AA, _SHIFT)
-    cv2.line(image, *_pts(transform, points[0], points[1]), GRIPPER_RGB, finger, cv2.LINE_AA, _SHIFT)
+    cv2.line(image, *_pts(transform, tips[0], tips[1]), GRIPPER_RGB, finger, cv2.LINE_AA, _SHIFT)
 
 
 def _pts(transform: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -139,7 +140,8 @@ class Renderer:
         image = np.empty((self.height, self.width, 3), np.uint8)
         if camera == "wrist" and arm is None:
             raise ValueError("the wrist camera needs the arm")
-        return draw(image, self.transform(camera, arm), scene, arm, links=camera != "wrist")
+        # Only the wrist camera's transform reads the arm, and it has one (checked above).
+        return draw(image, self.transform(camera, cast(PlanarArm, arm)), scene, arm, links=camera != "wrist")
 
     def render_all(self, scene: Scene, arm: PlanarArm) -> dict[str, np.ndarray]:
         return {camera: self.render(camera, scene, arm) for camera in self.cameras}

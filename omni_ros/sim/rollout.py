@@ -43,6 +43,7 @@ def expert_policy(env: SimRobot, expert: ReachingExpert) -> ChunkPolicy:
     """The scripted expert as a chunk policy (it reads the target's position from the simulator)."""
 
     def policy(obs: dict[str, Any]) -> np.ndarray:
+        assert env.scene is not None and env.task is not None  # set by reset()
         return expert.chunk(obs["state"], env.scene.block(env.task.target).xy)
 
     return policy
@@ -68,6 +69,7 @@ def run_episode(
     `on_tick(now, command, executor)` sees every control tick (benchmarks measure commands with it).
     """
     env.reset(seed, target=target, prompt=prompt)
+    assert env.task is not None  # set by reset()
     executor = ActionChunkExecutor(env.n_joints, control, control_rate_hz, dry_run=False)
     period = 1.0 / control_rate_hz
     pending: tuple[float, float, np.ndarray, int] | None = None  # (arrival, stamp, actions, request id)
@@ -92,6 +94,7 @@ def run_episode(
         if on_tick is not None:
             on_tick(now, command, executor)
         if command.publish:
+            assert command.positions is not None  # a published command has a position
             env.command(command.positions)
         if record_every > 0 and tick % record_every == 0:
             frames.append(env.render())

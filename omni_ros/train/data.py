@@ -83,5 +83,7 @@ def load_tiles(
         actions=np.concatenate(actions).astype(np.float32),
         prompts=prompts,
         episodes=np.concatenate(episodes),
-        goals=None if any(g is None for g in goals) else np.concatenate(goals).astype(np.float32),
+        goals=None
+        if any(g is None for g in goals)
+        else np.concatenate([g for g in goals if g is not None]).astype(np.float32),
     )

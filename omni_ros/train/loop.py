@@ -148,8 +148,8 @@ def train(
     )
 
     if not resume:
-        model, norm_stats = _fresh_model(cfg, model_cfg)
-        norm_stats = norm_stats or fit_norm_stats(model_cfg, dataset.states, dataset.actions)
+        model, init_stats = _fresh_model(cfg, model_cfg)
+        norm_stats = init_stats or fit_norm_stats(model_cfg, dataset.states, dataset.actions)
         saved = None
     model = model.to(device)
     if cfg.goal_weight > 0 and dataset.goals is None:

@@ -70,7 +70,7 @@ class PiperEngine:
             session = onnxruntime.InferenceSession(str(model), sess_options=options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types
             raise TtsError(f"cannot load piper voice {model}: {exc}") from exc
-        self.voice = PiperVoice(session=session, config=voice_config)
+        self.voice: PiperVoice | None = PiperVoice(session=session, config=voice_config)
         self.voice_path = model
         self.sample_rate = int(voice_config.sample_rate)
         self.synthesis = SynthesisConfig(length_scale=voice_config.length_scale / config.rate)
@@ -87,6 +87,7 @@ class PiperEngine:
 
     def stream(self, text: str) -> Iterator[np.ndarray]:
         for piece in self.pieces(text):
+            assert self.voice is not None, "the piper engine is closed"
             for chunk in self.voice.synthesize(piece, syn_config=self.synthesis):
                 yield chunk.audio_int16_array
 

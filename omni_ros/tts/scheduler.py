@@ -66,6 +66,7 @@ class ChunkScheduler:
         # which only makes the estimate cautious).
         speed = produced / elapsed if elapsed > 0 else float("inf")
         buffered_s = emitted / self.sample_rate - (now - first)
+        budget: float  # samples; inf when synthesis is instantaneous
         if buffered_s <= 0:
             budget = pending
         elif speed == float("inf"):

@@ -19,13 +19,13 @@ from omni_ros.policy.layouts.common import Checkpoint, CheckpointError
 from omni_ros.policy.layouts.pi0_weights import architecture, our_shapes, placer
 from omni_ros.policy.layouts.tokenizer_files import find_tokenizer
 from omni_ros.policy.layouts.weights import SafetensorsFile
-from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.normalize import Mode, NormStats
 
 IMAGE_PREFIX = "observation.images."
 STATE, ACTION = "observation.state", "action"
 PI0_TYPES = ("pi0", "pi05")
 SUPPORTED = (*PI0_TYPES, "smolvla")
-MODES = {"MEAN_STD": "mean_std", "QUANTILES": "quantile", "IDENTITY": "mean_std"}
+MODES: dict[str, Mode] = {"MEAN_STD": "mean_std", "QUANTILES": "quantile", "IDENTITY": "mean_std"}
 
 
 def is_lerobot(path: Path) -> bool:
@@ -98,10 +98,10 @@ def norm_stats(folder: Path, config: dict, state_dim: int, action_dim: int) -> N
     post = processor_step(folder, "post", "unnormalizer_processor")
     mapping = {**(config.get("normalization_mapping") or {}), **(pre.get("config", {}).get("norm_map") or {})}
     state_stats, action_stats = stats_file(folder, pre), stats_file(folder, post)
-    for part, stats, key in (("STATE", state_stats, STATE), ("ACTION", action_stats, ACTION)):
-        if mapping.get(part, "MEAN_STD") not in MODES:
-            raise CheckpointError(f"{folder}: normalization '{mapping.get(part)}' of {part} is not supported")
-        if mapping.get(part, "MEAN_STD") != "IDENTITY" and f"{key}.mean" not in stats and f"{key}.q01" not in stats:
+    for side, stats, key in (("STATE", state_stats, STATE), ("ACTION", action_stats, ACTION)):
+        if mapping.get(side, "MEAN_STD") not in MODES:
+            raise CheckpointError(f"{folder}: normalization '{mapping.get(side)}' of {side} is not supported")
+        if mapping.get(side, "MEAN_STD") != "IDENTITY" and f"{key}.mean" not in stats and f"{key}.q01" not in stats:
             raise CheckpointError(f"{folder}: the processor statistics have no '{key}' entries")
 
     def part(stats: dict, key: str, stat: str, dim: int, default: float) -> list[float]:
@@ -117,8 +117,8 @@ def norm_stats(folder: Path, config: dict, state_dim: int, action_dim: int) -> N
         state_std=[1.0] * state_dim if identity_state else part(state_stats, STATE, "std", state_dim, 1.0),
         action_mean=[0.0] * action_dim if identity_action else part(action_stats, ACTION, "mean", action_dim, 0.0),
         action_std=[1.0] * action_dim if identity_action else part(action_stats, ACTION, "std", action_dim, 1.0),
-        state_mode=MODES[mapping.get("STATE", "MEAN_STD")],  # type: ignore[arg-type]
-        action_mode=MODES[mapping.get("ACTION", "MEAN_STD")],  # type: ignore[arg-type]
+        state_mode=MODES[mapping.get("STATE", "MEAN_STD")],
+        action_mode=MODES[mapping.get("ACTION", "MEAN_STD")],
         eps_rule="clamp" if identity_state and identity_action else "lerobot",
         state_q01=state_stats.get(f"{STATE}.q01"),
         state_q99=state_stats.get(f"{STATE}.q99"),
@@ -178,7 +178,7 @@ def read_pi0(path: Path, config: dict, kind: str, tokenizer: Any) -> Checkpoint:
         expert=arch.expert,
         tokenizer=tok_cfg,
         vocab_size=arch.vocab_size,
-        variant=arch.variant,  # type: ignore[arg-type]
+        variant=arch.variant,
         mlp_activation="gelu_tanh",
         max_state_dim=max(int(config.get("max_state_dim", state_dim)), arch.state_width, state_dim),
         max_action_dim=arch.action_width,

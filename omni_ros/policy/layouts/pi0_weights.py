@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from omni_ros.policy.layouts.common import CheckpointError
 from omni_ros.policy.layouts.weights import Place, Placement
@@ -174,7 +175,7 @@ class Architecture:
     vocab_size: int
     state_width: int  # 0 for pi0.5 (no state projection)
     action_width: int
-    variant: str
+    variant: Literal["pi0", "pi05"]
 
 
 def architecture(shapes: dict[str, tuple[int, ...]], image_size: int | None, source: str) -> Architecture:
@@ -216,7 +217,7 @@ def architecture(shapes: dict[str, tuple[int, ...]], image_size: int | None, sou
     )
     if width % SIGLIP_HEADS:
         raise CheckpointError(f"{source}: vision width {width} is not divisible by SigLIP's {SIGLIP_HEADS} heads")
-    variant = "pi05" if "expert.final_norm.dense.weight" in shapes else "pi0"
+    variant: Literal["pi0", "pi05"] = "pi05" if "expert.final_norm.dense.weight" in shapes else "pi0"
     return Architecture(
         vision=vision,
         backbone=gemma("backbone"),

@@ -19,6 +19,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -109,13 +110,16 @@ class SafetensorsFile:
             self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+
 def load_weights(
-    build: Callable[[], nn.Module],
+    build: Callable[[], ModelT],
     file: SafetensorsFile,
     place: Place,
     dtype: torch.dtype,
     source: str,
-) -> nn.Module:
+) -> ModelT:
     """`build()` on the meta device, then every parameter bound to its tensor of `file` (cast to `dtype`)."""
     with torch.device("meta"):
         model = build()
@@ -145,7 +149,7 @@ def load_weights(
         _bind(model, name, _materialize(file, expected[name], parts, dtype))
     for module in model.modules():
         if hasattr(module, "init_buffers"):
-            module.init_buffers()
+            cast(Any, module).init_buffers()  # a method (nn.Module types attributes as Tensor | Module)
     return model
 
 
@@ -171,7 +175,7 @@ def _materialize(file: SafetensorsFile, shape, parts, dtype: torch.dtype) -> tor
         return tensor[None] if placement.unsqueeze else tensor
     tensor = torch.empty(shape, dtype=dtype)
     for key, placement in parts:
-        start, stop = placement.rows  # type: ignore[misc]
+        start, stop = placement.rows
         tensor[start:stop].copy_(file.view(key))
         file.release(key)
     return tensor

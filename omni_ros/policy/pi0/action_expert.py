@@ -13,6 +13,8 @@ suffix itself. Two variants, picked by `ModelConfig.variant` (`EXPERTS`):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -131,7 +133,7 @@ class ActionExpert(nn.Module):
 
         cos, sin = rope_cos_sin(suffix_positions(prefix_mask, x.shape[1]), self.cfg.head_dim, self.rope_theta, x.dtype)
         mask = suffix_attention_mask(prefix_mask, self.suffix_mask, self.export_form, x.dtype)
-        for layer, source in zip(self.layers, self.layer_map, strict=True):
+        for layer, source in zip(cast(Iterable[DecoderLayer], self.layers), self.layer_map, strict=True):
             q, k, v = layer.qkv(x, cos, sin)
             keys, values = with_prefix(cache, source, k, v)
             x = layer.finish(x, attention(q, keys, values, mask, self.export_form))
@@ -183,11 +185,11 @@ class Pi05ActionExpert(nn.Module):
         cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time))))
         cos, sin = rope_cos_sin(suffix_positions(prefix_mask, x.shape[1]), self.cfg.head_dim, self.rope_theta, x.dtype)
         mask = suffix_attention_mask(prefix_mask, self.suffix_mask, self.export_form, x.dtype)
-        for layer, source in zip(self.layers, self.layer_map, strict=True):
+        for layer, source in zip(cast(Iterable[AdaptiveDecoderLayer], self.layers), self.layer_map, strict=True):
             q, k, v, gate = layer.qkv_gated(x, cos, sin, cond)
             keys, values = with_prefix(cache, source, k, v)
             x = layer.finish_gated(x, attention(q, keys, values, mask, self.export_form), gate, cond)
         return self.final_norm(x, cond)[0]
 
 
-EXPERTS: dict[str, type[nn.Module]] = {"pi0": ActionExpert, "pi05": Pi05ActionExpert}
+EXPERTS: dict[str, type[ActionExpert] | type[Pi05ActionExpert]] = {"pi0": ActionExpert, "pi05": Pi05ActionExpert}

@@ -9,6 +9,8 @@ that every denoising step of the action expert reads.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -48,7 +50,7 @@ class Backbone(nn.Module):
             attn_mask = additive_mask(attn_mask, x.dtype)
         cache: KVCache = []
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast(Iterable[DecoderLayer], self.layers)):
             q, k, v = layer.qkv(x, cos, sin)
             cache.append((k, v))
             # Only the keys/values are consumed downstream: the last layer's

@@ -73,13 +73,14 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, eps: float, approximate: str = "none") -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.input_norm = RMSNorm(cfg.width, eps)
+        # nn.Module: variants swap in other norms and MLPs (AdaptiveDecoderLayer, SmolVLA's LlamaLayer).
+        self.input_norm: nn.Module = RMSNorm(cfg.width, eps)
         self.q_proj = nn.Linear(cfg.width, cfg.num_heads * cfg.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.width, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.width, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.width, bias=False)
-        self.post_attn_norm = RMSNorm(cfg.width, eps)
-        self.mlp = GatedMLP(cfg.width, cfg.mlp_dim, approximate)
+        self.post_attn_norm: nn.Module = RMSNorm(cfg.width, eps)
+        self.mlp: nn.Module = GatedMLP(cfg.width, cfg.mlp_dim, approximate)
 
     def project(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Queries, keys and values of normalized h (B, T, W), rotated: (B, heads, T, head_dim)."""
@@ -104,8 +105,8 @@ class AdaptiveDecoderLayer(DecoderLayer):
 
     def __init__(self, cfg: TransformerConfig, eps: float, approximate: str = "none") -> None:
         super().__init__(cfg, eps, approximate)
-        self.input_norm = AdaRMSNorm(cfg.width, cfg.width, eps)  # type: ignore[assignment]
-        self.post_attn_norm = AdaRMSNorm(cfg.width, cfg.width, eps)  # type: ignore[assignment]
+        self.input_norm = AdaRMSNorm(cfg.width, cfg.width, eps)
+        self.post_attn_norm = AdaRMSNorm(cfg.width, cfg.width, eps)
 
     def qkv_gated(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cond: torch.Tensor):
         """(q, k, v, gate of the attention residual) of x under condition cond (B, W)."""

@@ -12,12 +12,14 @@ own (static shapes per config, no data-dependent Python control flow):
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.pi0.action_expert import EXPERTS
+from omni_ros.policy.pi0.action_expert import EXPERTS, ActionExpert
 from omni_ros.policy.pi0.backbone import Backbone, KVCache
 from omni_ros.policy.pi0.configuration import ModelConfig
 from omni_ros.policy.pi0.vision import VisionEncoder
@@ -133,7 +135,8 @@ class Pi0Model(nn.Module):
             squared = (velocity.float() - target.float()) ** 2 * weight[..., None]
             loss = squared.sum() / (weight.sum() * actions.shape[-1]).clamp(min=1.0)
         if goal is not None and goal_weight > 0:
-            loss = loss + goal_weight * F.mse_loss(self.expert.goal(suffix).float(), goal.float())
+            # Only pi0's expert has a goal head (pi05's refuses one at construction).
+            loss = loss + goal_weight * F.mse_loss(cast(ActionExpert, self.expert).goal(suffix).float(), goal.float())
         return loss
 
 
@@ -150,7 +153,7 @@ def init_buffers(model: nn.Module) -> nn.Module:
     """Recompute every constant buffer of `model` (those are not in checkpoints): after `to_empty`."""
     for module in model.modules():
         if module is not model and hasattr(module, "init_buffers"):
-            module.init_buffers()
+            cast(Any, module).init_buffers()  # a method (nn.Module types attributes as Tensor | Module)
     return model
 
 

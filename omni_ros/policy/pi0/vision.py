@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,10 +12,21 @@ from omni_ros.policy.layers import attention, gelu, layer_norm
 from omni_ros.policy.pi0.configuration import VisionConfig
 
 
+class VitShape(Protocol):
+    """What a ViT block reads from a vision config (pi0's VisionConfig, SmolVLA's)."""
+
+    @property
+    def width(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def mlp_dim(self) -> int: ...
+
+
 class VitBlock(nn.Module):
     export_form = False
 
-    def __init__(self, cfg: VisionConfig, approximate: str = "none") -> None:
+    def __init__(self, cfg: VitShape, approximate: str = "none") -> None:
         super().__init__()
         self.num_heads, self.approximate = cfg.num_heads, approximate
         self.norm1 = nn.LayerNorm(cfg.width, eps=1e-6)
@@ -116,6 +129,7 @@ class VisionEncoder(nn.Module):
             scale, shift = self.film(condition).chunk(2, dim=-1)
             x = x * (1.0 + scale.unsqueeze(1)) + shift.unsqueeze(1)
         if self.keypoints is None:
+            assert self.proj is not None  # only keypoint encoders have no patch projection
             return self.proj(x)
         if self.proj is None:
             return self.keypoints(x)

@@ -23,6 +23,8 @@ them: no denoising step recomputes anything about the prefix.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +67,7 @@ class TextModel(nn.Module):
             attn_mask = additive_mask(attn_mask, x.dtype)
         out: dict[int, tuple] = {}
         last = max(keep)
-        for i, layer in enumerate(self.layers[: last + 1]):
+        for i, layer in enumerate(cast(Iterable[LlamaLayer], self.layers[: last + 1])):
             q, k, v = layer.qkv(x, cos, sin)
             if i in keep:
                 out[i] = (k, v)
@@ -117,7 +119,7 @@ class ActionExpert(nn.Module):
     def cache(self, vlm_kv: dict[int, tuple]) -> KVCache:
         """The keys/values each expert layer reads: its VLM layer's, through the layer's k/v for cross layers."""
         cache: KVCache = []
-        for (source, kind), layer in zip(self.plan, self.layers, strict=True):
+        for (source, kind), layer in zip(self.plan, cast(Iterable[LlamaLayer], self.layers), strict=True):
             k, v = vlm_kv[source]
             if kind == "cross":
                 b, heads, p, d = k.shape
@@ -144,7 +146,9 @@ class ActionExpert(nn.Module):
         cross_mask = prefix_mask[:, None, None, :]
         if self.export_form:
             cross_mask = additive_mask(cross_mask, dtype)
-        for (_, kind), layer, (keys, values) in zip(self.plan, self.layers, cache, strict=True):
+        for (_, kind), layer, (keys, values) in zip(
+            self.plan, cast(Iterable[LlamaLayer], self.layers), cache, strict=True
+        ):
             if kind == "self":
                 q, k, v = layer.qkv(x, *self_rope)
                 keys, values, mask = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2), self_mask

@@ -8,6 +8,9 @@ XNNPACK backend delegates (see `omni_ros.policy.layers`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -62,9 +65,9 @@ class LlamaLayer(DecoderLayer):
         self.k_proj = nn.Linear(kv_width or width, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(kv_width or width, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, width, bias=False)
-        self.input_norm = LlamaRMSNorm(width, eps)  # type: ignore[assignment]
-        self.post_attn_norm = LlamaRMSNorm(width, eps)  # type: ignore[assignment]
-        self.mlp = SiluMLP(width, mlp_dim)  # type: ignore[assignment]
+        self.input_norm = LlamaRMSNorm(width, eps)
+        self.post_attn_norm = LlamaRMSNorm(width, eps)
+        self.mlp = SiluMLP(width, mlp_dim)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -109,8 +112,8 @@ class SmolVLMVision(nn.Module):
         self.patch_embed = nn.Conv2d(3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         native = cfg.image_size // cfg.patch_size
         self.pos_embed = nn.Parameter(torch.randn(native * native, cfg.width) * 0.02)
-        self.blocks = nn.ModuleList(VitBlock(cfg, "tanh") for _ in range(cfg.depth))  # type: ignore[arg-type]
-        for block in self.blocks:
+        self.blocks = nn.ModuleList(VitBlock(cfg, "tanh") for _ in range(cfg.depth))
+        for block in cast(Iterable[VitBlock], self.blocks):
             block.norm1.eps = block.norm2.eps = cfg.norm_eps
         self.norm = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
         self.connector = nn.Linear(cfg.width * cfg.scale_factor**2, out_width, bias=False)

@@ -78,7 +78,8 @@ class SmolVLAProcessor:
             states.append(np.pad(state, (0, cfg.max_state_dim - cfg.state_dim)))
             prompts.append(self.tokenize(o.prompt))
         longest = max(1, max(len(ids) for ids in prompts))
-        padded = [self.tokenizer.pad(ids, longest) for ids in prompts]  # type: ignore[attr-defined]
+        tok: Any = self.tokenizer  # a file tokenizer (checked in __init__), which pads
+        padded = [tok.pad(ids, longest) for ids in prompts]
         return ModelInputs(
             images=torch.stack(images).to(device, dtype),
             image_masks=torch.tensor(masks, dtype=torch.bool, device=device),

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from omni_ros.sim.config import SimConfig
 from omni_ros.sim.env import EpisodeInfo
@@ -154,7 +155,7 @@ class So101Env(EpisodeClock):
         self._hold.reset()
         return self.observe()
 
-    def command(self, positions: Sequence[float]) -> None:
+    def command(self, positions: ArrayLike) -> None:
         """Joint position targets the servos follow from now on; clipped to the joint ranges, NaN refused."""
         target = np.asarray(positions, dtype=np.float64)
         if target.shape != (len(JOINTS),):
@@ -211,6 +212,7 @@ class So101Env(EpisodeClock):
 
     def distance_to_target(self) -> float:
         """Metres from the fingertips to the top face's centre of the prompted cube."""
+        assert self.task is not None  # set by reset()
         centre = self.data.xpos[self._cube_body[self._colors.index(self.task.target)]].copy()
         centre[2] += self.config.block_size / 2
         return float(np.linalg.norm(self.tool_position() - centre))
@@ -242,6 +244,7 @@ class So101Env(EpisodeClock):
         return render_cameras(self._renderer, self.data, self.cameras)
 
     def observe(self) -> dict[str, Any]:
+        assert self.task is not None  # set by reset()
         return {"images": self.render(), "state": self.state, "prompt": self.task.prompt}
 
     def close(self) -> None:

@@ -9,9 +9,8 @@ measured position to cancel the servos' lag.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
+from numpy.typing import ArrayLike
 
 from omni_ros.sim.expert import ReachExpert
 from omni_ros.sim.so101.env import GRIPPER_CLOSED, So101Env
@@ -36,7 +35,7 @@ class So101Expert(ReachExpert):
         self.clearance = float(clearance)
         self._cache: dict[tuple[float, float], np.ndarray] = {}
 
-    def goal(self, target: Sequence[float]) -> np.ndarray:
+    def goal(self, target: ArrayLike) -> np.ndarray:
         """(6,) joints with the fingertips `clearance` above the top of a cube centred at `target` (x, y)."""
         x, y = (float(v) for v in np.asarray(target, dtype=np.float64)[:2])
         key = (round(x, 4), round(y, 4))  # 0.1 mm: a cube that has not moved hits the cache

@@ -9,10 +9,10 @@ give nearby joints: a policy can learn the map from what it sees to where the ar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from omni_ros.sim.so101.assets import JOINTS, TOOL_SITE
 from omni_ros.sim.so101.model import mujoco
@@ -47,16 +47,16 @@ class So101Kinematics:
         mujoco.mj_kinematics(self.model, self.data)
         mujoco.mj_comPos(self.model, self.data)  # the joint axes (cdof) mj_jacSite reads
 
-    def tool(self, q: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    def tool(self, q: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """Tool point (3,) and finger direction (3,) in the world for joint positions `q` (6,)."""
         self._set(np.asarray(q, dtype=np.float64))
         return self.data.site_xpos[self.site].copy(), self.data.site_xmat[self.site].reshape(3, 3)[:, 0].copy()
 
     def solve(
         self,
-        target: Sequence[float],
-        reference: Sequence[float],
-        direction: Sequence[float] = DOWN,
+        target: ArrayLike,
+        reference: ArrayLike,
+        direction: ArrayLike = DOWN,
         direction_weight: float = 0.05,
         iterations: int = 150,
     ) -> IkResult:

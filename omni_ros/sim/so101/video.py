@@ -32,6 +32,7 @@ class DisplayEnv(So101Env):
         self._display = mujoco.Renderer(self.model, height, width)
 
     def observe(self) -> dict[str, Any]:
+        assert self.task is not None  # set by reset()
         return {"images": super().render(), "state": self.state, "prompt": self.task.prompt}
 
     def render(self) -> dict[str, np.ndarray]:
