@@ -39,7 +39,7 @@ from omni_ros.config import ConfigError
 from omni_ros.control.blending import ChunkTrajectory, CrossFade, Ensemble, Hold, Switch, Trajectory
 from omni_ros.control.config import ControlConfig
 from omni_ros.control.limits import JointLimits
-from omni_ros.policy.rtc import RtcRequest, supported_rtc_methods
+from omni_ros.policy.rtc_request import RtcRequest, supported_rtc_methods
 
 
 def check_rtc_support(config: ControlConfig, policy: Any) -> None:

@@ -24,7 +24,7 @@ from omni_ros.config import OmniConfig
 from omni_ros.control.executor import ActionChunkExecutor, ExecState
 from omni_ros.feed import MessageFeed
 from omni_ros.policy.base import Policy
-from omni_ros.policy.rtc import RtcRequest
+from omni_ros.policy.rtc_request import RtcRequest
 
 if TYPE_CHECKING:
     from omni_ros.policy.pipeline import InferencePipeline

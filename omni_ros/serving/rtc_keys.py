@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_ros.policy.rtc import METHODS, SCHEDULES, RtcError, RtcRequest
+from omni_ros.policy.rtc_request import METHODS, SCHEDULES, RtcError, RtcRequest
 
 PREFIX = "rtc/"
 PREV_ACTIONS = "rtc/prev_actions"

@@ -37,7 +37,7 @@ from typing import Any
 from omni_ros import __version__
 from omni_ros.observation import ObservationError
 from omni_ros.policy.base import Policy
-from omni_ros.policy.rtc import RtcError, RtcRequest, supported_rtc_methods
+from omni_ros.policy.rtc_request import RtcError, RtcRequest, supported_rtc_methods
 from omni_ros.serving.batching import Batcher, BatchInfo
 from omni_ros.serving.config import ServeConfig
 from omni_ros.serving.keymap import KeyMap
