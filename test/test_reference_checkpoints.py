@@ -244,3 +244,21 @@ def test_a_lerobot_pi0_exports_to_xnnpack_and_matches_eager(tmp_path):
     exported = program.infer(obs, noise=data["noise"][0])["actions"]
     np.testing.assert_allclose(exported, eager, rtol=0, atol=TOL)
     np.testing.assert_allclose(exported, data["actions"][0], rtol=0, atol=TOL)
+
+
+def test_a_lerobot_pi05_exports_to_onnx_and_matches_eager_on_the_cpu_ep(tmp_path):
+    """Staged graphs on ONNX Runtime's CPU EP, every case of the pi0.5 fixture: within 1e-4 of eager and LeRobot."""
+    from omni_ros.backends.onnx_runner import load_onnx
+    from omni_ros.export.exporter import export_checkpoint
+
+    result = export_checkpoint(
+        REFERENCE / "pi05_2cam", tmp_path / "pi05", target="onnx", methods=("encode_images", "prefill", "denoise_step")
+    )
+    graphs = load_onnx(result.pte, num_threads=1)
+    assert graphs.metadata.noise_shape == policy("pi05_2cam").metadata.noise_shape
+    for case in MANIFEST["fixtures"]["pi05_2cam"]["cases"]:
+        data, obs = tensors("pi05_2cam", case), observation("pi05_2cam", case)
+        eager = policy("pi05_2cam").infer(obs, noise=data["noise"][0])["actions"]
+        exported = graphs.infer(obs, noise=data["noise"][0])["actions"]
+        np.testing.assert_allclose(exported, eager, rtol=0, atol=TOL, err_msg=case)
+        np.testing.assert_allclose(exported, data["actions"][0], rtol=0, atol=TOL, err_msg=case)

@@ -211,7 +211,7 @@ def export_checkpoint(
     """Export a checkpoint folder of any layout (weights, norm stats and its tokenizer file if any)."""
     from omni_ros.policy import families, layouts
 
-    path = Path(checkpoint)
+    path = Path(checkpoint).expanduser().resolve()  # the layout names its tokenizer relative to the folder
     read = layouts.read(path, tokenizer=tokenizer)
     model = layouts.build_model(read, lambda: families.get(read.family).build_model(read.config))
     tokenizer_file = None
