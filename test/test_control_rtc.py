@@ -54,7 +54,7 @@ def test_no_plan_means_no_rtc_request_and_other_modes_never_make_one():
 
 
 def test_the_request_holds_the_plan_at_the_new_chunks_action_times():
-    executor = make(inference_delay=4, schedule="linear", max_guidance_weight=7.0, method="inpaint")
+    executor = make(inference_delay=4, schedule="exp", max_guidance_weight=7.0, method="inpaint")
     old = chunk_at(0.0)
     executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
     run(executor, 0.0, 0.5)  # past the start-up fade from the measured position
@@ -64,7 +64,7 @@ def test_the_request_holds_the_plan_at_the_new_chunks_action_times():
     expected = [0.5 * (old[k] + old[k + 1]) for k in range(30, 30 + rows)]  # stamp 0.61 = action 30.5
     np.testing.assert_allclose(rtc.actions, expected, atol=1e-9)
     assert rtc.execution_horizon == H - rows
-    assert (rtc.inference_delay, rtc.schedule, rtc.max_guidance_weight, rtc.method) == (4, "linear", 7.0, "inpaint")
+    assert (rtc.inference_delay, rtc.schedule, rtc.max_guidance_weight, rtc.method) == (4, "exp", 7.0, "inpaint")
 
 
 def test_the_first_d_actions_run_from_the_old_chunk_then_the_new_one():
@@ -104,6 +104,23 @@ def test_with_a_fade_the_old_plan_runs_d_actions_then_hands_over_smoothly():
         np.testing.assert_allclose(cmd.positions, (1 - a) * old[i_old] + a * new[i_new], atol=1e-9, err_msg=f"t={t}")
     steps = np.abs(np.diff([c.positions for c in commands.values()], axis=0)).max()
     assert steps < 0.3 / 5 + 0.03  # the 0.3 disagreement spread over the fade's 5 ticks
+
+
+def test_the_fade_ends_by_the_old_chunks_last_action():
+    executor = make(inference_delay=5, switch_fade_s=0.2)
+    old = chunk_at(0.0)  # last action at 0.98
+    executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
+    run(executor, 0.0, 0.8)
+    request_id, _ = started(executor, 0.8)
+    new = chunk_at(0.8, offset=0.3)
+    executor.add_chunk(new, stamp=0.8, dt=DT, now=0.84, request_id=request_id)
+    commands = dict(run(executor, 0.84, 1.2))
+    switch, fade = 0.9, 0.08  # the configured 0.2 s would fade towards the old chunk's held last action
+    for t, cmd in commands.items():
+        a = min(1.0, max(0.0, (t - switch) / fade))
+        expected = (1 - a) * old[min(round(t / DT), H - 1)] + a * new[round((t - 0.8) / DT)]
+        np.testing.assert_allclose(cmd.positions, expected, atol=1e-9, err_msg=f"t={t}")
+    assert any(0.9 < t < 0.98 for t in commands) and any(t >= 0.98 for t in commands)
 
 
 def test_a_late_chunk_switches_on_arrival():
