@@ -42,6 +42,17 @@ def started(executor, stamp):
     return request_id, executor.rtc_request(stamp)
 
 
+def hand_over(executor, stamp):
+    """The old chunk from 0, then one requested at `stamp` that disagrees with it by 0.3, arriving 2 ticks later."""
+    old = chunk_at(0.0)
+    executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
+    run(executor, 0.0, stamp)
+    request_id, _ = started(executor, stamp)
+    new = chunk_at(stamp, offset=0.3)
+    executor.add_chunk(new, stamp=stamp, dt=DT, now=stamp + 2 * TICK, request_id=request_id)
+    return old, new
+
+
 def test_no_plan_means_no_rtc_request_and_other_modes_never_make_one():
     executor = make()
     executor.request_started(0.0)
@@ -90,12 +101,7 @@ def test_the_first_d_actions_run_from_the_old_chunk_then_the_new_one():
 
 def test_with_a_fade_the_old_plan_runs_d_actions_then_hands_over_smoothly():
     executor = make(inference_delay=5, switch_fade_s=0.1)
-    old = chunk_at(0.0)
-    executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
-    run(executor, 0.0, 0.5)
-    request_id, _ = started(executor, 0.5)
-    new = chunk_at(0.5, offset=0.3)
-    executor.add_chunk(new, stamp=0.5, dt=DT, now=0.54, request_id=request_id)
+    old, new = hand_over(executor, 0.5)
     commands = dict(run(executor, 0.54, 0.9))
     switch, fade = 0.6, 0.1
     for t, cmd in commands.items():
@@ -108,12 +114,7 @@ def test_with_a_fade_the_old_plan_runs_d_actions_then_hands_over_smoothly():
 
 def test_the_fade_ends_by_the_old_chunks_last_action():
     executor = make(inference_delay=5, switch_fade_s=0.2)
-    old = chunk_at(0.0)  # last action at 0.98
-    executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
-    run(executor, 0.0, 0.8)
-    request_id, _ = started(executor, 0.8)
-    new = chunk_at(0.8, offset=0.3)
-    executor.add_chunk(new, stamp=0.8, dt=DT, now=0.84, request_id=request_id)
+    old, new = hand_over(executor, 0.8)  # the old chunk's last action is at 0.98
     commands = dict(run(executor, 0.84, 1.2))
     switch, fade = 0.9, 0.08  # the configured 0.2 s would fade towards the old chunk's held last action
     for t, cmd in commands.items():
