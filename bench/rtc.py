@@ -295,7 +295,6 @@ def main() -> None:
             "rtc_schedule": args.schedule,
             "rtc_beta": args.beta if args.beta is not None else float(policy.num_steps),
             "rtc_switch_fade_s": base.rtc.fade(base.blend_window_s),
-            "rtc_fade_ends_by": "the old chunk's last action",
             "rtc_inference_delay": "ceil(max recent latency / action_dt)",
         },
         "results": {},

@@ -112,18 +112,6 @@ def test_with_a_fade_the_old_plan_runs_d_actions_then_hands_over_smoothly():
     assert steps < 0.3 / 5 + 0.03  # the 0.3 disagreement spread over the fade's 5 ticks
 
 
-def test_the_fade_ends_by_the_old_chunks_last_action():
-    executor = make(inference_delay=5, switch_fade_s=0.2)
-    old, new = hand_over(executor, 0.8)  # the old chunk's last action is at 0.98
-    commands = dict(run(executor, 0.84, 1.2))
-    switch, fade = 0.9, 0.08  # the configured 0.2 s would fade towards the old chunk's held last action
-    for t, cmd in commands.items():
-        a = min(1.0, max(0.0, (t - switch) / fade))
-        expected = (1 - a) * old[min(round(t / DT), H - 1)] + a * new[round((t - 0.8) / DT)]
-        np.testing.assert_allclose(cmd.positions, expected, atol=1e-9, err_msg=f"t={t}")
-    assert any(0.9 < t < 0.98 for t in commands) and any(t >= 0.98 for t in commands)
-
-
 def test_a_late_chunk_switches_on_arrival():
     executor = make(inference_delay=2, switch_fade_s=0.0)
     executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)

@@ -33,8 +33,9 @@ class RtcConfig:
     latency_window: int = 10
     # After the d actions of the old plan, fade to the new chunk over this long (s); null: blend_window_s;
     # 0: switch at once, as in the paper. Guidance makes the chunks agree, but not exactly (a soft
-    # constraint): the fade keeps what is left of their disagreement from reaching the robot as a step. It is
-    # cut to end at the old chunk's last action.
+    # constraint): the fade keeps what is left of their disagreement from reaching the robot as a step.
+    # Cutting it to end at the old chunk's last action helped at 0.3 s but leaves no fade at all when that
+    # action passed before the switch (0.4 s: jump p95 0.05 -> 0.23 rad); docs/rtc.md.
     switch_fade_s: float | None = None
 
     def fade(self, blend_window_s: float) -> float:

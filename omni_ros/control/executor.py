@@ -218,11 +218,7 @@ class ActionChunkExecutor:
             # switch after them (or now, if it arrived later than d promised), fading out what guidance left.
             _, stamp, delay = continued
             switch = max(now, stamp + delay * chunk.dt)
-            # The fade ends by the old plan's last action: past it the old chunk only holds that action (a stop),
-            # and fading towards a stopped arm puts a kink into the motion instead of removing one.
             fade = self.config.rtc.fade(self.config.blend_window_s)
-            if self._newest is not None:
-                fade = min(fade, max(0.0, self._newest.end - switch))
             return CrossFade(previous, chunk, switch, fade) if fade > 0 else Switch(previous, chunk, switch)
         if previous is None:
             base = self._base_position()
