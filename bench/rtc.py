@@ -1,6 +1,8 @@
 """Real-time chunking against blending, closed loop in the simulator with the shipped demo policy.
 
     nice -n 10 .venv/bin/python bench/rtc.py [--episodes 50] [--latencies 0.1 0.2 0.3 0.4] [--out FILE]
+    nice -n 5 .venv/bin/python bench/rtc.py --sweep --latencies 0.3 --episodes 8 \
+        --schedules exp linear ones --betas 5 10 --fades 0 0.15 0.2 --out bench/results/rtc_sweep.json
 
 For each injected inference latency and each way a new chunk takes over (latest, linear, ensemble, rtc
 guided, rtc hard inpainting), the same held-out episodes run through the real `ActionChunkExecutor`
@@ -16,7 +18,9 @@ Per mode and latency:
 - jerk: RMS of the commands' third difference / tick^3 over every tick after the first blend (rad/s^3);
 - success rate and mean time to success;
 - for rtc: how far the new chunk's first d actions are from the plan they continue (p95, rad).
-Then the cost of guidance: plain / guided / inpainting inference timed side by side on the same recorded
+With --sweep, the RTC settings instead: at each latency the blendings once, then rtc guided for every
+schedule x beta x fade x delay given (and inpainting for every fade x delay), each against the best blending.
+Otherwise, the cost of guidance: plain / guided / inpainting inference timed side by side on the same recorded
 (observation, RTC request) pairs, one thread, medians.
 """
 
@@ -39,7 +43,7 @@ import omni_ros.policy
 from omni_ros.control.config import ControlConfig, RtcConfig
 from omni_ros.control.executor import ActionChunkExecutor, Command
 from omni_ros.policy.pipeline import InferencePipeline
-from omni_ros.policy.rtc import RtcRequest
+from omni_ros.policy.rtc import SCHEDULES, RtcRequest
 from omni_ros.sim.config import SimConfig
 from omni_ros.sim.env import SimEnv
 from omni_ros.sim.evaluate import HELD_OUT_SEED
@@ -206,6 +210,43 @@ def executorch_rtc(policy: InferencePipeline, pte: str, pairs: list, repeats: in
     return out
 
 
+def sweep(policy: InferencePipeline, args: argparse.Namespace, base: ControlConfig) -> dict[str, Any]:
+    """RTC's settings against the blendings, one latency at a time: {latency: {"blendings": ..., "rtc": [...]}}."""
+    out: dict[str, Any] = {}
+    fades = args.fades or [None]
+    delays = args.delays or [None]
+    for latency in args.latencies:
+        blendings = {m: run_cell(policy, m, latency, args.episodes, base, None) for m in MODES[:3]}
+        best = min(blendings, key=lambda m: blendings[m]["boundary_jump_p95_rad"])
+        best_jump = blendings[best]["boundary_jump_p95_rad"]
+        best_success = max(c["success_rate"] for c in blendings.values())
+        _progress(latency, f"best blending {best}", blendings[best])
+        cells = []
+        betas = args.betas or [None]
+        grid = [("guided", sc, b, f, d) for sc in args.schedules for b in betas for f in fades for d in delays]
+        grid += [("inpaint", None, None, f, d) for f in fades for d in delays]
+        for method, schedule, beta, fade, delay in grid:
+            knobs = {"max_guidance_weight": beta, "switch_fade_s": fade, "inference_delay": delay}
+            rtc = dataclasses.replace(base.rtc, schedule=schedule or base.rtc.schedule, **knobs)
+            row = run_cell(policy, f"rtc-{method}", latency, args.episodes, dataclasses.replace(base, rtc=rtc), None)
+            settings = {"method": method, "schedule": schedule, "beta": beta, "switch_fade_s": fade, "delay": delay}
+            ratio = row["boundary_jump_p95_rad"] / best_jump
+            met = ratio <= 0.5 and row["success_rate"] >= best_success
+            cells.append(settings | {"jump_ratio": round(ratio, 3), "met": met} | row)
+            _progress(latency, " ".join(f"{k}={v}" for k, v in settings.items()), row, f"ratio {ratio:.2f}")
+        out[f"{latency:g}"] = {"blendings": blendings, "best_other": best, "rtc": cells}
+    return out
+
+
+def _progress(latency: float, label: str, row: dict[str, Any], extra: str = "") -> None:
+    print(
+        f"latency {latency:.1f} s {label}: success {row['success_rate']:.2f} jump p95 {row['boundary_jump_p95_rad']} "
+        f"prefix {row.get('prefix_error_p95_rad')} {extra}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=50, help="held-out episodes per mode and latency")
@@ -213,10 +254,15 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "demo"))
     parser.add_argument("--prefetch", type=float, default=0.75, help="control.prefetch_threshold for every mode")
-    parser.add_argument("--schedule", default="exp", choices=["exp", "linear", "ones", "zeros"])
+    parser.add_argument("--schedule", default=RtcConfig.schedule, choices=SCHEDULES)
     parser.add_argument("--beta", type=float, help="max guidance weight (default: the policy's step count)")
     parser.add_argument("--num-steps", type=int, help="denoising steps (default: the checkpoint's)")
     parser.add_argument("--rtc-fade", type=float, help="control.rtc.switch_fade_s (default: the blend window)")
+    parser.add_argument("--sweep", action="store_true", help="sweep the RTC settings below instead of the table")
+    parser.add_argument("--schedules", nargs="+", default=[RtcConfig.schedule], choices=SCHEDULES)
+    parser.add_argument("--betas", type=float, nargs="+", help="--sweep: max guidance weights (default: step count)")
+    parser.add_argument("--fades", type=float, nargs="+", help="--sweep: switch_fade_s values (default: blend window)")
+    parser.add_argument("--delays", type=int, nargs="+", help="--sweep: fixed inference delays d (default: estimated)")
     parser.add_argument("--cost-repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
@@ -255,6 +301,12 @@ def main() -> None:
     }
     pairs: list = []
     start = time.monotonic()
+    if args.sweep:
+        del report["results"]
+        report["sweep"] = sweep(policy, args, base)
+        report["seconds"] = round(time.monotonic() - start, 1)
+        emit(report, args.out)
+        return
     for latency in args.latencies:
         cells = {}
         for mode in args.modes:

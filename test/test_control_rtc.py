@@ -42,6 +42,17 @@ def started(executor, stamp):
     return request_id, executor.rtc_request(stamp)
 
 
+def hand_over(executor, stamp):
+    """The old chunk from 0, then one requested at `stamp` that disagrees with it by 0.3, arriving 2 ticks later."""
+    old = chunk_at(0.0)
+    executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
+    run(executor, 0.0, stamp)
+    request_id, _ = started(executor, stamp)
+    new = chunk_at(stamp, offset=0.3)
+    executor.add_chunk(new, stamp=stamp, dt=DT, now=stamp + 2 * TICK, request_id=request_id)
+    return old, new
+
+
 def test_no_plan_means_no_rtc_request_and_other_modes_never_make_one():
     executor = make()
     executor.request_started(0.0)
@@ -54,7 +65,7 @@ def test_no_plan_means_no_rtc_request_and_other_modes_never_make_one():
 
 
 def test_the_request_holds_the_plan_at_the_new_chunks_action_times():
-    executor = make(inference_delay=4, schedule="linear", max_guidance_weight=7.0, method="inpaint")
+    executor = make(inference_delay=4, schedule="exp", max_guidance_weight=7.0, method="inpaint")
     old = chunk_at(0.0)
     executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
     run(executor, 0.0, 0.5)  # past the start-up fade from the measured position
@@ -64,7 +75,7 @@ def test_the_request_holds_the_plan_at_the_new_chunks_action_times():
     expected = [0.5 * (old[k] + old[k + 1]) for k in range(30, 30 + rows)]  # stamp 0.61 = action 30.5
     np.testing.assert_allclose(rtc.actions, expected, atol=1e-9)
     assert rtc.execution_horizon == H - rows
-    assert (rtc.inference_delay, rtc.schedule, rtc.max_guidance_weight, rtc.method) == (4, "linear", 7.0, "inpaint")
+    assert (rtc.inference_delay, rtc.schedule, rtc.max_guidance_weight, rtc.method) == (4, "exp", 7.0, "inpaint")
 
 
 def test_the_first_d_actions_run_from_the_old_chunk_then_the_new_one():
@@ -90,12 +101,7 @@ def test_the_first_d_actions_run_from_the_old_chunk_then_the_new_one():
 
 def test_with_a_fade_the_old_plan_runs_d_actions_then_hands_over_smoothly():
     executor = make(inference_delay=5, switch_fade_s=0.1)
-    old = chunk_at(0.0)
-    executor.add_chunk(old, stamp=0.0, dt=DT, now=0.0)
-    run(executor, 0.0, 0.5)
-    request_id, _ = started(executor, 0.5)
-    new = chunk_at(0.5, offset=0.3)
-    executor.add_chunk(new, stamp=0.5, dt=DT, now=0.54, request_id=request_id)
+    old, new = hand_over(executor, 0.5)
     commands = dict(run(executor, 0.54, 0.9))
     switch, fade = 0.6, 0.1
     for t, cmd in commands.items():

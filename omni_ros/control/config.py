@@ -20,8 +20,11 @@ class RtcConfig:
     # inpaint: hard prefix inpainting, the first d actions frozen, no gradient (ExecuTorch, QNN; best with a
     # model trained with training-time RTC, `omni-ros train --rtc-max-delay`).
     method: Literal["guided", "inpaint"] = "guided"
-    # Soft mask over the actions after the frozen prefix (DESIGN.md section 9).
-    schedule: Literal["exp", "linear", "ones", "zeros"] = "exp"
+    # Soft mask over the actions after the frozen prefix (DESIGN.md section 9). linear, not the paper's exp:
+    # the executed part of the new chunk starts right after the prefix, where exp already gives the old plan
+    # little weight when the overlap is short (H - s - d = 4 actions at 0.3 s latency: 0.57 vs 0.8), and ones
+    # ties the chunk to the old plan so long that the policy reacts late (bench/results/rtc_sweep.json).
+    schedule: Literal["exp", "linear", "ones", "zeros"] = "linear"
     # Maximum guidance weight beta; null: the policy's number of denoising steps (beta / steps > 2 overshoots).
     max_guidance_weight: float | None = None
     # Inference delay d in actions; null: ceil(max of the recent measured latencies / action dt).
@@ -31,6 +34,8 @@ class RtcConfig:
     # After the d actions of the old plan, fade to the new chunk over this long (s); null: blend_window_s;
     # 0: switch at once, as in the paper. Guidance makes the chunks agree, but not exactly (a soft
     # constraint): the fade keeps what is left of their disagreement from reaching the robot as a step.
+    # Cutting it to end at the old chunk's last action helped at 0.3 s but leaves no fade at all when that
+    # action passed before the switch (0.4 s: jump p95 0.05 -> 0.23 rad); docs/rtc.md.
     switch_fade_s: float | None = None
 
     def fade(self, blend_window_s: float) -> float:
