@@ -68,6 +68,10 @@ def torch_one_thread():
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The long export groups first: a worker that starts them last would finish alone.
     items.sort(key=lambda item: Path(str(item.path)).name not in SHARED_EXPORTS)
+    for item in items:
+        if Path(str(item.path)).name in SHARED_EXPORTS:
+            # Whichever test first asks for a shared export pays for it in its setup (minutes on 2 busy cores).
+            item.add_marker(pytest.mark.timeout(1200))
 
 
 if importlib.util.find_spec("xdist") is not None:  # the hook exists only with the plugin
