@@ -25,12 +25,11 @@ from pathlib import Path
 import torch
 
 from omni_ros.config import ConfigError
-from omni_ros.export.methods import STAGED, prefix_mask_of
+from omni_ros.export.methods import stage_plan
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
+from omni_ros.policy import families
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.pi0.processing import Pi0Processor
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
-from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import make_tokenizer
 
 MODES = ("auto", "staged", "fused")
@@ -80,6 +79,8 @@ class ExecuTorchRunner:
 
     def __init__(self, pte: Path, sidecar: Sidecar, mode: str, num_threads: int = 0) -> None:
         self.pte, self.sidecar, self.cfg, self.mode = pte, sidecar, sidecar.model, mode
+        # The model family says which methods exist and how one inference chains them.
+        self.plan = stage_plan(sidecar.family)
         self.device = torch.device("cuda" if sidecar.target == "cuda" else "cpu")
         self.backend = f"executorch-{sidecar.target}" + ("" if sidecar.quantize == "none" else f"-{sidecar.quantize}")
         from executorch.runtime import Runtime
@@ -90,7 +91,7 @@ class ExecuTorchRunner:
             from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
             _unsafe_reset_threadpool(num_threads)
-        needed = STAGED if mode == "staged" else ("sample",)
+        needed = self.plan.staged if mode == "staged" else ("sample",)
         try:
             program = runtime.load_program(pte)
             self._methods = {m: program.load_method(m) for m in needed}
@@ -103,12 +104,6 @@ class ExecuTorchRunner:
         # The runtime takes dense tensors only (the pixel tensor is a permuted view).
         return list(self._methods[method].execute([x.contiguous() for x in inputs]))
 
-    def encode_inputs(self, inputs: ModelInputs) -> list[torch.Tensor]:
-        """Inputs of `encode_images`: the images, and the prompt when the encoder is prompt-conditioned."""
-        if self.cfg.vision.film:
-            return [inputs.images, inputs.tokens, inputs.token_mask]
-        return [inputs.images]
-
     def sample(self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int) -> Sampled:
         if noise is None:
             raise ValueError("the ExecuTorch runner needs the sampling noise")
@@ -118,21 +113,11 @@ class ExecuTorchRunner:
                 # One call runs encoder, prefill and the loop: the time is reported as denoise_ms.
                 clock.lap("embed_prefix_ms")
                 clock.lap("prefill_ms")
-                actions = self._run("sample", [*inputs.as_tuple(), noise])[0].clone()
+                actions = self._run("sample", [*self.plan.fused_inputs(self.cfg, inputs), noise])[0].clone()
                 clock.lap("denoise_ms")
                 return Sampled(actions.numpy(), clock.ms)
-            image_tokens = self._run("encode_images", self.encode_inputs(inputs))[0]
-            clock.lap("embed_prefix_ms")
-            # The prefix KV cache: computed once, read by every denoising step below.
-            cache = self._run("prefill", [image_tokens, inputs.image_masks, inputs.tokens, inputs.token_mask])
-            clock.lap("prefill_ms")
-            prefix_mask = prefix_mask_of(inputs.image_masks, inputs.token_mask, self.cfg.vision.num_tokens)
-
-            def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-                return self._run("denoise_step", [prefix_mask, inputs.state, x, t, *cache])[0]
-
-            actions = euler_sample(velocity, noise, num_steps)
-            clock.lap("denoise_ms")
+            # The family's chaining: the prefix KV cache is computed once and read by every denoising step.
+            actions = self.plan.run_staged(self.cfg, self._run, inputs, noise, num_steps, clock)
         return Sampled(actions.numpy(), clock.ms)
 
     def close(self) -> None:
@@ -165,11 +150,12 @@ def load_pte(
     if device is not None and device.split(":")[0] != target_device:
         raise ConfigError(f"{pte} runs on {target_device} (target {sidecar.target}), not policy.device '{device}'")
     cfg = sidecar.model
-    staged = all(m in sidecar.methods for m in STAGED)
+    plan = stage_plan(sidecar.family)
+    staged = all(m in sidecar.methods for m in plan.staged)
     if mode == "auto":
         mode = "staged" if staged else "fused"
     if mode == "staged" and not staged:
-        raise PteError(f"{pte}: staged mode needs methods {list(STAGED)}, the program has {list(sidecar.methods)}")
+        raise PteError(f"{pte}: staged mode needs methods {list(plan.staged)}, the program has {list(sidecar.methods)}")
     if mode == "fused":
         if "sample" not in sidecar.methods:
             raise PteError(f"{pte}: fused mode needs the 'sample' method, the program has {list(sidecar.methods)}")
@@ -181,7 +167,8 @@ def load_pte(
     tokenizer_cfg = cfg.tokenizer
     if sidecar.tokenizer_file:
         tokenizer_cfg = type(tokenizer_cfg)(tokenizer_cfg.kind, sidecar.tokenizer_file, tokenizer_cfg.max_tokens)
-    processor = Pi0Processor(cfg, sidecar.norm_stats, make_tokenizer(tokenizer_cfg, base_dir=pte.parent))
+    tokenizer = make_tokenizer(tokenizer_cfg, base_dir=pte.parent)
+    processor = families.get(sidecar.family).build_processor(cfg, sidecar.norm_stats, tokenizer)
     runner = ExecuTorchRunner(pte, sidecar, mode, num_threads)
     steps = num_steps or (sidecar.num_steps if mode == "fused" else cfg.num_steps)
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or sidecar.name)

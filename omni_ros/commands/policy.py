@@ -24,25 +24,31 @@ def _load(args: argparse.Namespace):
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from omni_ros.policy.pi0.modeling import Pi0Model, count_parameters
+    from omni_ros.policy import families, layouts
+    from omni_ros.policy.pi0.modeling import count_parameters
     from omni_ros.policy.pi0.presets import preset
 
     if args.checkpoint:
-        from omni_ros.policy.layouts.omni import read_checkpoint_config
-
-        cfg, stats, extra = read_checkpoint_config(args.checkpoint)
+        # Any layout (omni_ros, LeRobot pi0 / pi0.5 / SmolVLA, openpi): config, stats and tokenizer, no weights.
+        checkpoint = layouts.read(args.checkpoint)
+        cfg, stats = checkpoint.config, checkpoint.norm_stats
+        extra = {**checkpoint.extra, "layout": checkpoint.layout, "family": checkpoint.family}
+        if checkpoint.tokenizer_source:
+            extra["tokenizer"] = checkpoint.tokenizer_source
     else:
         cfg, stats, extra = preset(args.preset), None, {}
     import torch
 
     # The meta device builds even pi0-sized models without allocating their weights.
     with torch.device("meta"):
-        params = count_parameters(Pi0Model(cfg))
+        params = count_parameters(families.get(getattr(cfg, "family", "pi0")).build_model(cfg))
+    per_camera = cfg.tokens_per_camera if hasattr(cfg, "tokens_per_camera") else cfg.vision.num_tokens
+    tile = cfg.tile_size if hasattr(cfg, "tile_size") else cfg.vision.image_size
     info = {
         "source": args.checkpoint or f"preset {args.preset} (random weights)",
         "parameters": params,
         "prefix_tokens": cfg.prefix_len,
-        "image_tokens_per_camera": cfg.vision.num_tokens,
+        "image_tokens_per_camera": per_camera,
         "config": cfg.to_dict(),
         "norm_stats": None if stats is None else vars(stats),
         "extra": extra,
@@ -51,10 +57,7 @@ def run_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"source:      {info['source']}")
-    print(
-        f"cameras:     {', '.join(cfg.camera_names)} ({cfg.vision.image_size}px tile, "
-        f"{cfg.vision.num_tokens} tokens each)"
-    )
+    print(f"cameras:     {', '.join(cfg.camera_names)} ({tile}px tile, {per_camera} tokens each)")
     print(f"state/action: {cfg.state_dim} -> {cfg.action_horizon} x {cfg.action_dim} (dt {cfg.action_dt} s)")
     print(f"prefix:      {cfg.prefix_len} tokens ({cfg.tokenizer.max_tokens} prompt, tokenizer {cfg.tokenizer.kind})")
     print(f"sampler:     {cfg.num_steps} Euler steps")

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from omni_ros.export.forms import use_export_forms
-from omni_ros.export.methods import METHODS, example_inputs, method_module, signatures
+from omni_ros.export.methods import stage_plan
 from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
 from omni_ros.export.quantize import QUANTIZE, quantize_model
 from omni_ros.export.report import delegation_report
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.pi0.modeling import Pi0Model
 
 TARGETS = ("xnnpack", "qnn", "cuda")
 log = logging.getLogger(__name__)
@@ -56,29 +56,29 @@ def check_export_target(target: str, quantize: str, qnn: QnnOptions | None = Non
 
 
 def export_policy(
-    model: Pi0Model,
+    model: nn.Module,
     norm_stats: NormStats,
     out: str | Path,
     *,
     target: str = "xnnpack",
     quantize: str = "none",
-    methods: tuple[str, ...] | list[str] = METHODS,
+    methods: tuple[str, ...] | list[str] | None = None,
     num_steps: int | None = None,
     name: str | None = None,
     tokenizer_file: str | Path | None = None,
     qnn: QnnOptions | None = None,
 ) -> ExportResult:
-    """Export `methods` of `model` to `out` (.pte) and write `out`.json beside it.
+    """Export `methods` (default: all of the model family's) of `model` to `out` (.pte) and write `out`.json.
 
     The model is copied, switched to its export forms and quantized; the caller's model is untouched.
     """
     check_export_target(target, quantize, qnn)
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
-        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    cfg: Any = model.cfg
+    plan = stage_plan(cfg)
+    methods = tuple(methods or plan.methods)
+    plan.check_methods(methods)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    cfg = model.cfg
     steps = num_steps or cfg.num_steps
     start = time.perf_counter()
     timings: dict[str, float] = {}
@@ -95,13 +95,13 @@ def export_policy(
             quantize_model(work, quantize)
             device = "cuda" if target == "cuda" else "cpu"
             work.to(device)
-            sigs = signatures(cfg)
+            sigs = plan.signatures(cfg)
             programs = {}
             for method in methods:
                 t0 = time.perf_counter()
-                inputs = tuple(x.to(device) for x in example_inputs(sigs[method], cfg))
+                inputs = tuple(x.to(device) for x in plan.example_inputs(sigs[method], cfg))
                 with torch.no_grad():
-                    programs[method] = torch.export.export(method_module(work, method, steps), inputs)
+                    programs[method] = torch.export.export(plan.module(work, method, steps), inputs)
                 timings[f"export_{method}_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             if target == "cuda":
@@ -129,7 +129,7 @@ def export_policy(
         quantize=quantize if target != "qnn" else (qnn or QnnOptions()).precision,
         model=cfg,
         norm_stats=norm_stats,
-        methods={m: signatures(cfg)[m] for m in methods},
+        methods={m: plan.signatures(cfg)[m] for m in methods},
         pte_sha256=file_sha256(out),
         pte_bytes=out.stat().st_size,
         num_steps=steps,
@@ -144,18 +144,26 @@ def export_policy(
     return ExportResult(out, sidecar_path(out), report, seconds, out.stat().st_size, timings)
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, **kwargs: Any) -> ExportResult:
-    """Export a checkpoint directory (weights, norm stats and its tokenizer file if any)."""
+def export_checkpoint(checkpoint: str | Path, out: str | Path, tokenizer: Any = None, **kwargs: Any) -> ExportResult:
+    """Export a checkpoint directory of any layout omni_ros reads (weights, norm stats, its tokenizer file)."""
+    from omni_ros.policy import families, layouts
     from omni_ros.policy.layouts.omni import load_checkpoint
 
     checkpoint = Path(checkpoint)
-    model, stats, _ = load_checkpoint(checkpoint)
-    tokenizer = None
-    if model.cfg.tokenizer.kind != "bytes" and model.cfg.tokenizer.path:
-        tokenizer = Path(model.cfg.tokenizer.path)
-        tokenizer = tokenizer if tokenizer.is_absolute() else checkpoint / tokenizer
+    omni = layouts.detect(checkpoint) == "omni_ros"
+    if omni:
+        model, stats, _ = load_checkpoint(checkpoint)
+    else:  # a reference checkpoint (LeRobot, openpi): its family's model, weights memory-mapped
+        read = layouts.read(checkpoint, tokenizer=tokenizer)
+        family = families.get(read.family)
+        model, stats = layouts.build_model(read, lambda: family.build_model(read.config)), read.norm_stats
+    tokenizer_file = None
+    if model.cfg.tokenizer.kind not in ("bytes", "words") and model.cfg.tokenizer.path:
+        tokenizer_file = Path(model.cfg.tokenizer.path)
+        # omni_ros checkpoints name it relative to their folder; a reference layout names the file it found.
+        tokenizer_file = checkpoint / tokenizer_file if omni and not tokenizer_file.is_absolute() else tokenizer_file
     kwargs.setdefault("name", checkpoint.name)
-    return export_policy(model, stats, out, tokenizer_file=tokenizer, **kwargs)
+    return export_policy(model, stats, out, tokenizer_file=tokenizer_file, **kwargs)
 
 
 def export_preset(preset_name: str, out: str | Path, weights_seed: int = 0, **kwargs: Any) -> ExportResult:

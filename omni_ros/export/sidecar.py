@@ -19,7 +19,6 @@ from typing import Any
 from omni_ros.errors import OmniRosError
 from omni_ros.export.methods import MethodSignature
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.pi0.configuration import ModelConfig
 
 FORMAT = "omni_ros.pte.v1"
 # The flatbuffer file identifier of an ExecuTorch program (bytes 4-8). The runtime aborts the whole process on
@@ -62,7 +61,7 @@ class Sidecar:
     name: str
     target: str
     quantize: str
-    model: ModelConfig
+    model: Any  # the family's model config (pi0's ModelConfig, SmolVLAConfig, ...)
     norm_stats: NormStats
     methods: dict[str, MethodSignature]
     pte_sha256: str
@@ -76,10 +75,16 @@ class Sidecar:
     target_options: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
 
+    @property
+    def family(self) -> str:
+        """The model family (omni_ros.policy.families) of the program: its processor and its stage chaining."""
+        return getattr(self.model, "family", "pi0")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": self.format,
             "name": self.name,
+            "family": self.family,
             "target": self.target,
             "quantize": self.quantize,
             "pte": {"sha256": self.pte_sha256, "bytes": self.pte_bytes},
@@ -97,8 +102,11 @@ class Sidecar:
     def from_dict(cls, data: dict[str, Any], source: str = "<sidecar>") -> Sidecar:
         if data.get("format") != FORMAT:
             raise PteError(f"{source}: sidecar format {data.get('format')!r}, this omni_ros reads {FORMAT!r}")
+        from omni_ros.policy import families
+
         try:
-            model = ModelConfig.from_dict(data["model"], source=source)
+            # Programs written before families had names are pi0's.
+            model = families.get(data.get("family", "pi0")).config_type.from_dict(data["model"], source=source)
             stats = NormStats(**data["norm_stats"])
             stats.check(model.state_dim, model.action_dim)
             return cls(
