@@ -3,7 +3,7 @@
 VENV ?= .venv
 DURATION ?= 30
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench reference-fixtures
 
 setup:
 	bash scripts/setup.sh
@@ -18,3 +18,11 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# Reference outputs of the real LeRobot 0.6.1 (pi0, pi0.5, SmolVLA) for the checkpoint-loading tests. LeRobot lives
+# in its own venv (Python 3.12, never the product venv); the fixtures are committed, so only regenerating needs it.
+LEROBOT_VENV ?= .venv-lerobot
+
+reference-fixtures:
+	LEROBOT_VENV=$(LEROBOT_VENV) bash scripts/lerobot_venv.sh
+	$(LEROBOT_VENV)/bin/python scripts/make_reference_fixtures.py --out test/fixtures/reference

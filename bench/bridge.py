@@ -16,7 +16,6 @@ thread each) in this one, over 127.0.0.1. Measured:
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import platform
 import statistics
@@ -31,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import emit
+from common import SpawnedServer, emit
 
 from omni_ros.observation import ObservationSpec
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
@@ -72,26 +71,10 @@ def _server_main(kind: str, batching: bool, max_batch: int, max_wait_ms: float, 
         stop.wait()
 
 
-class ServerProcess:
-    def __init__(self, kind: str, batching: bool, max_batch: int = 16, max_wait_ms: float = 2.0, threads: int = 2):
-        ctx = mp.get_context("spawn")
-        self._parent, child = ctx.Pipe()
-        self._stop = ctx.Event()
-        self._proc = ctx.Process(
-            target=_server_main, args=(kind, batching, max_batch, max_wait_ms, threads, child, self._stop), daemon=True
-        )
-
-    def __enter__(self) -> str:
-        self._proc.start()
-        if not self._parent.poll(300):
-            raise RuntimeError("benchmark server did not start")
-        return f"ws://127.0.0.1:{self._parent.recv()}"
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._proc.join(30)
-        if self._proc.is_alive():
-            self._proc.kill()
+def server_process(
+    kind: str, batching: bool, max_batch: int = 16, max_wait_ms: float = 2.0, threads: int = 2
+) -> SpawnedServer:
+    return SpawnedServer(_server_main, kind, batching, max_batch, max_wait_ms, threads, start_timeout_s=300)
 
 
 def _observation(rng: np.random.Generator, prompt: str = "pick up the cup") -> dict[str, Any]:
@@ -193,11 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "observation": {"cameras": len(CAMERAS), "image": [224, 224, 3], "state_dim": STATE_DIM},
     }
-    with ServerProcess("trivial", batching=False) as url:
+    with server_process("trivial", batching=False) as url:
         report["overhead"] = latency(url, args.requests)
     report["throughput_trivial"] = []
     for batching in (False, True):
-        with ServerProcess("trivial", batching=batching, max_batch=16, max_wait_ms=2.0) as url:
+        with server_process("trivial", batching=batching, max_batch=16, max_wait_ms=2.0) as url:
             for clients in (1, 4, 16):
                 point = throughput(url, clients, args.duration)
                 report["throughput_trivial"].append({"batching": batching, **point})
@@ -205,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         preset = args.torch_preset
         torch_report: dict[str, Any] = {"preset": preset, "threads": args.torch_threads, "points": []}
         for batching, clients in ((True, 1), (True, 16), (False, 16)):
-            with ServerProcess(preset, batching, max_batch=16, max_wait_ms=10.0, threads=args.torch_threads) as url:
+            with server_process(preset, batching, max_batch=16, max_wait_ms=10.0, threads=args.torch_threads) as url:
                 throughput(url, 1, 1.0, warmup=0.0)  # first inference warms the allocator
                 point = throughput(url, clients, args.torch_duration, warmup=1.0)
                 torch_report["points"].append({"batching": batching, **point})

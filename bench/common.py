@@ -32,3 +32,29 @@ def timings_ms(fn: Callable[[], object], runs: int, warmup: int = 1) -> list[flo
 
 def median_ms(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
     return round(statistics.median(timings_ms(fn, runs, warmup)), 3)
+
+
+class SpawnedServer:
+    """`target(*args, pipe, stop)` in a spawned process: it sends its port on `pipe` once it serves, and
+    returns when `stop` is set. `with SpawnedServer(main, ...) as url:` is the server's ws:// URL."""
+
+    def __init__(self, target: Callable[..., None], *args: Any, start_timeout_s: float = 600.0) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._parent, child = ctx.Pipe()
+        self._stop = ctx.Event()
+        self._timeout = start_timeout_s
+        self._proc = ctx.Process(target=target, args=(*args, child, self._stop), daemon=True)
+
+    def __enter__(self) -> str:
+        self._proc.start()
+        if not self._parent.poll(self._timeout):
+            raise RuntimeError("benchmark server did not start")
+        return f"ws://127.0.0.1:{self._parent.recv()}"
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything omni_ros needs in a project virtual environment:
 #   1. the venv itself (.venv, or $OMNI_ROS_VENV),
-#   2. PyTorch (CPU build, pinned) and the Python dependencies, ROS 2 wheels included,
+#   2. PyTorch (CPU build, pinned) and the Python dependencies, ROS 2 wheels and ONNX Runtime + QNN EP included,
 #   3. the custom messages in msg/, built with CMake into the venv,
 #   4. omni_ros itself in editable mode (the `omni-ros` command).
 # Each step records a fingerprint of its inputs and is skipped when nothing
@@ -28,14 +28,14 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 mkdir -p "$STAMPS"
 
-deps=$(fingerprint requirements/base.txt requirements/nodeps.txt setup.py)
+deps=$(fingerprint requirements/base.txt requirements/qnn.txt requirements/nodeps.txt setup.py)
 if up_to_date deps "$deps"; then
   log "python dependencies up to date"
 else
   log "installing $TORCH_SPEC first, so nothing pulls another torch build"
   pip_q install "$TORCH_SPEC"
-  log "installing dependencies (requirements/base.txt)"
-  pip_q install -r "$ROOT/requirements/base.txt" "$TORCH_SPEC"
+  log "installing dependencies (requirements/base.txt, requirements/qnn.txt)"
+  pip_q install -r "$ROOT/requirements/base.txt" -r "$ROOT/requirements/qnn.txt" "$TORCH_SPEC"
   pip_q install --no-deps -r "$ROOT/requirements/nodeps.txt"
   log "installing omni_ros in editable mode"
   pip_q install --no-deps --no-build-isolation --config-settings editable_mode=compat -e "$ROOT"

@@ -106,6 +106,22 @@ def test_server_restart_mid_session():
         replacement["s"].stop()
 
 
+def test_a_restarted_server_with_another_layout_is_refused():
+    port = _free_port()
+    keymap = load_keymap("droid")
+    first = EchoPolicy(keymap.camera_names, 8, 8)
+    server = ServerThread(first, ServeConfig(port=port), keymap).start()
+    remote = RemotePolicy(server.url, deadline_s=5.0, retries=20, backoff_s=0.02, backoff_max_s=0.2)
+    rng = np.random.default_rng(8)
+    remote.infer(_raw(first, rng))
+    server.stop()
+    # Same key map, but chunks of another length: its answers must not reach this robot.
+    other = EchoPolicy(keymap.camera_names, 8, 8, horizon=20)
+    with ServerThread(other, ServeConfig(port=port), keymap), pytest.raises(RemotePolicyError, match="another"):
+        remote.infer(_raw(first, rng))
+    assert other.calls == 0
+
+
 def test_deadline_overrun_raises_and_the_late_reply_is_never_returned():
     server, policy, _keymap = echo_server("droid")
     with server:

@@ -1,7 +1,11 @@
-"""A `.pte` served end to end: policy node over real DDS (separate processes) and the OpenPI bridge (real client)."""
+"""Exported policies served end to end: policy node over real DDS (separate processes) and the OpenPI bridge (real
+client), for an ExecuTorch `.pte` (XNNPACK) and an ONNX export on Qualcomm's HTP (the emulator of onnxruntime-qnn)."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,26 +18,43 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from rclpy.executors import SingleThreadedExecutor
 from trajectory_msgs.msg import JointTrajectory
 
-from helpers.bridge_util import start_serve, stop_serve
 from helpers.pte_cache import exported_tiny
+from omni_ros.export.qnn_onnx import HTP_TOLERANCE
 from omni_ros.msg import ActionChunk, PolicyStatus
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 JOINTS = ["joint_1", "joint_2", "joint_3"]
 
 
-@pytest.fixture(scope="session")
-def sim_pte(tmp_path_factory):
-    """tiny for the simulated arm: cameras base + wrist, 3 joints."""
-    return exported_tiny(tmp_path_factory.getbasetemp(), "fp32")
+# name -> (exported variant, policy section, the backend name it reports, control section)
+SERVED = {
+    "pte": ("fp32", "{{backend: executorch, pte: {path}, num_threads: 1}}", "executorch-xnnpack", "{}"),
+    # The x86 HTP emulator takes about a second per chunk (seconds on a busy machine), longer than tiny's 0.16 s
+    # horizon: with latency compensation every action of a chunk would already be in the past when it arrives.
+    "qnn": (
+        "qnn16",
+        "{{backend: onnxruntime, onnx: {path}, providers: [qnn-htp]}}",
+        "onnxruntime-qnn-htp-16a8w",
+        "{latency_compensation: false}",
+    ),
+}
 
 
-def _config(tmp_path, pte) -> str:
+@pytest.fixture(scope="session", params=list(SERVED))
+def served(request, tmp_path_factory):
+    """tiny for the simulated arm (cameras base + wrist, 3 joints): (path, policy section, backend, control)."""
+    variant, section, backend, control = SERVED[request.param]
+    path = exported_tiny(tmp_path_factory.getbasetemp(), variant)
+    return path, section.format(path=path), backend, control
+
+
+def _config(tmp_path, served) -> str:
     config = tmp_path / "pte.yaml"
     config.write_text(
         f"""
 name: pte-e2e
-policy: {{backend: executorch, pte: {pte}, num_threads: 1}}
+policy: {served[1]}
+control: {served[3]}
 robot: {{joint_names: {JOINTS}, dry_run: false}}
 status: {{rate_hz: 5.0}}
 sim: {{camera_rate_hz: 15.0}}
@@ -54,8 +75,8 @@ def _stop(procs):
             p.kill()
 
 
-def test_policy_node_serves_a_pte_over_dds(sim_pte, tmp_path, root, ros_context):
-    config = _config(tmp_path, sim_pte)
+def test_policy_node_serves_an_export_over_dds(served, tmp_path, root, ros_context):
+    config = _config(tmp_path, served)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "omni_ros.cli", "node", name, "--config", config],
@@ -87,21 +108,39 @@ def test_policy_node_serves_a_pte_over_dds(sim_pte, tmp_path, root, ros_context)
         node.destroy_node()
         _stop(procs)
     for msg in chunks:
-        assert msg.backend == "executorch-xnnpack"
+        assert msg.backend == served[2]
         assert (msg.horizon, msg.action_dim) == (8, 3) and list(msg.joint_names) == JOINTS
         assert np.all(np.isfinite(msg.actions)) and msg.inference_time > 0
-    assert any(s.backend == "executorch-xnnpack" and s.state_name == "running" for s in statuses)
+    assert any(s.backend == served[2] and s.state_name == "running" for s in statuses)
 
 
-def test_openpi_bridge_serves_a_pte(sim_pte, tmp_path, root):
-    from omni_ros.backends.executorch_runner import load_pte
+def test_openpi_bridge_serves_an_export(served, tmp_path, root):
+    from omni_ros.backends.factory import load_policy
+    from omni_ros.config import load_config
     from omni_ros.policy.loading import from_preset
     from omni_ros.serving.keymap import load_keymap
 
-    proc, url, metadata = start_serve(root, "--config", _config(tmp_path, sim_pte))
+    config = _config(tmp_path, served)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_ros.cli", "serve", "--port", "0", "--config", config],
+        cwd=root,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        assert metadata["backend"] == "executorch-xnnpack" and metadata["action_dim"] == 3
-        client = WebsocketClientPolicy(url)
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("}"):
+                break
+        text = "".join(lines)
+        match = re.search(r"listening on (ws://127\.0\.0\.1:\d+)", text)
+        assert match, text + proc.stderr.read()
+        metadata = json.loads(text[text.index("{") :])
+        assert metadata["backend"] == served[2] and metadata["action_dim"] == 3
+        client = WebsocketClientPolicy(match.group(1))
         assert client.get_server_metadata()["camera_names"] == ["base", "wrist"]
         rng = np.random.default_rng(0)
         obs = {
@@ -112,11 +151,14 @@ def test_openpi_bridge_serves_a_pte(sim_pte, tmp_path, root):
         }
         results = [client.infer(obs) for _ in range(2)]
     finally:
-        stop_serve(proc)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
     raw = load_keymap("omni_sim").to_raw(obs)
-    local = load_pte(sim_pte, num_threads=1).infer(raw)["actions"]
+    local = load_policy(load_config(config).policy).infer(raw)["actions"]
     eager = from_preset("tiny", state_dim=3, action_dim=3).infer(raw)["actions"]
+    # The .pte is float32; the HTP export is quantized (its own test bounds how far that takes it).
+    tolerance = 1e-4 if served[2].startswith("executorch") else HTP_TOLERANCE["16a8w"]
     for result in results:
         assert result["actions"].shape == (8, 3)
-        np.testing.assert_array_equal(result["actions"], local)  # what the server ran is the .pte
-        np.testing.assert_allclose(result["actions"], eager, rtol=0, atol=1e-4)  # and it is the model
+        np.testing.assert_array_equal(result["actions"], local)  # what the server ran is the exported model
+        np.testing.assert_allclose(result["actions"], eager, rtol=0, atol=tolerance)  # and it is the model

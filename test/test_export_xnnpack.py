@@ -11,19 +11,28 @@ import pytest
 import torch
 
 from helpers.pte_cache import CountingMethod, exported_tiny
+from helpers.tiny_models import eager_tiny, raw_obs, reference
 from omni_ros.backends.executorch_runner import ExecuTorchRunner, installed_executorch_version, load_pte
 from omni_ros.backends.factory import load_policy
-from omni_ros.config import ConfigError, PolicyConfig, load_config
+from omni_ros.config import ConfigError, load_config
 from omni_ros.export.methods import METHODS, example_inputs, method_module, signatures
 from omni_ros.export.quantize import INT8_TOLERANCE
 from omni_ros.export.sidecar import PteError, file_sha256, read_sidecar, sidecar_path
-from omni_ros.policy.loading import from_model, from_preset
+from omni_ros.policy.config import PolicyConfig
+from omni_ros.policy.loading import from_model
 from omni_ros.policy.pi0.modeling import Pi0Model
 from omni_ros.policy.pi0.presets import preset
-from omni_ros.policy.pipeline import InferencePipeline
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.usefixtures("torch_one_thread")]
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 TOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -43,29 +52,10 @@ def _tiny_cfg():
     return preset("tiny", **ARM)
 
 
-def _reference(**kwargs) -> InferencePipeline:
-    # The same seeded weights `export_preset` builds.
-    return from_preset("tiny", **ARM, **kwargs)
-
-
-def _eager_tiny() -> Pi0Model:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return Pi0Model(_tiny_cfg()).eval()
-
-
-def _obs(seed: int, wrist: bool = True) -> dict:
-    rng = np.random.default_rng(seed)
-    images = {"base": rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)}
-    if wrist:
-        images["wrist"] = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    return {"images": images, "state": rng.normal(size=3), "prompt": f"pick up block {seed}"}
-
-
 def test_every_method_matches_eager(fp32_pte):
     from executorch.runtime import Runtime
 
-    model, cfg = _eager_tiny(), _tiny_cfg()
+    model, cfg = eager_tiny(), _tiny_cfg()
     program = Runtime.get().load_program(fp32_pte)
     sigs = signatures(cfg)
     for method in METHODS:
@@ -85,29 +75,29 @@ def test_every_method_matches_eager(fp32_pte):
 
 @pytest.mark.parametrize("mode", ["staged", "fused"])
 def test_policy_matches_torch_policy(fp32_pte, mode):
-    reference = _reference(seed=7)
+    torch_policy = reference(seed=7)
     policy = load_pte(fp32_pte, mode=mode, seed=7)
     assert policy.metadata.backend == "executorch-xnnpack"
-    assert policy.metadata.camera_names == reference.metadata.camera_names
-    for obs in (_obs(0), _obs(1, wrist=False)):
-        out, ref = policy.infer(obs), reference.infer(obs)
+    assert policy.metadata.camera_names == torch_policy.metadata.camera_names
+    for obs in (raw_obs(0), raw_obs(1, wrist=False)):
+        out, ref = policy.infer(obs), torch_policy.infer(obs)
         assert out["actions"].shape == ref["actions"].shape == (8, 3)
         assert out["actions"].dtype == np.float32
         np.testing.assert_allclose(out["actions"], ref["actions"], rtol=0, atol=TOL)
         assert set(out["policy_timing"]) == set(ref["policy_timing"])
     # A different seed is different noise: the outputs really depend on it.
-    other = load_pte(fp32_pte, mode=mode, seed=8).infer(_obs(0))["actions"]
-    assert np.abs(other - policy.infer(_obs(0))["actions"]).max() > 1e-3
+    other = load_pte(fp32_pte, mode=mode, seed=8).infer(raw_obs(0))["actions"]
+    assert np.abs(other - policy.infer(raw_obs(0))["actions"]).max() > 1e-3
 
 
 def test_staged_keeps_the_prefix_kv_cache_across_steps(fp32_pte):
     policy = load_pte(fp32_pte, num_steps=3)
     calls: list[str] = []
     policy.runner._methods = {n: CountingMethod(m, calls, n) for n, m in policy.runner._methods.items()}
-    out = policy.infer(_obs(2))
+    out = policy.infer(raw_obs(2))
     assert calls == ["encode_images", "prefill"] + ["denoise_step"] * 3
     # Three steps with the cached prefix give what eager gives with three steps.
-    expected = _reference(num_steps=3).infer(_obs(2))["actions"]
+    expected = reference(num_steps=3).infer(raw_obs(2))["actions"]
     np.testing.assert_allclose(out["actions"], expected, rtol=0, atol=TOL)
 
 
@@ -122,9 +112,9 @@ def test_int8_dynamic_within_documented_tolerance(int8_pte, fp32_pte):
     assert "torchao.quantize_affine.default" in sidecar.delegation["denoise_step"]["delegated"]
     policy = load_pte(int8_pte)
     assert policy.runner.mode == "staged" and policy.metadata.backend == "executorch-xnnpack-int8-dynamic"
-    reference = _reference()
+    torch_policy = reference()
     for seed in (3, 4):
-        got, ref = policy.infer(_obs(seed))["actions"], reference.infer(_obs(seed))["actions"]
+        got, ref = policy.infer(raw_obs(seed))["actions"], torch_policy.infer(raw_obs(seed))["actions"]
         diff = np.abs(got - ref).max()
         assert 0 < diff <= INT8_TOLERANCE, diff  # quantized (not bit-identical), yet close
     with pytest.raises(PteError, match="fused mode needs the 'sample' method"):
@@ -234,8 +224,8 @@ def test_config_switch_loads_the_pte(fp32_pte, tmp_path):
     assert config.policy.pte == str((tmp_path / "tiny.pte").resolve())
     policy = load_policy(config.policy, camera_names=["base", "wrist"], state_dim=3, action_dim=3)
     assert isinstance(policy.runner, ExecuTorchRunner)
-    expected = _reference().infer(_obs(5))["actions"]
-    np.testing.assert_allclose(policy.infer(_obs(5))["actions"], expected, rtol=0, atol=TOL)
+    expected = reference().infer(raw_obs(5))["actions"]
+    np.testing.assert_allclose(policy.infer(raw_obs(5))["actions"], expected, rtol=0, atol=TOL)
     with pytest.raises(PteError, match="cameras: program"):
         load_policy(config.policy, camera_names=["base"])
     with pytest.raises(ConfigError, match=re.escape("needs policy.pte")):
@@ -267,7 +257,7 @@ def test_cli_exports_8da4w_and_reports_delegation(root, tmp_path):
     cfg = _tiny_cfg()
     images = example_inputs(signatures(cfg)["encode_images"], cfg, seed=5)
     with torch.no_grad():
-        expected = _eager_tiny().encode_images(*images)
+        expected = eager_tiny().encode_images(*images)
     got = Runtime.get().load_program(out).load_method("encode_images").execute(list(images))[0]
     relative = ((got - expected).norm() / expected.norm()).item()
     assert 0 < relative < 0.1, relative  # 4-bit weights: visibly quantized, still the same features
@@ -295,7 +285,7 @@ def test_prompt_conditioned_encoder_with_keypoints_exports_and_matches(tmp_path)
     assert [s.name for s in sig.inputs] == ["images", "tokens", "token_mask"]
     reference = from_model(model, stats, seed=3)
     policy = load_pte(pte, mode="staged", seed=3)
-    obs = _obs(0)
+    obs = raw_obs(0)
     np.testing.assert_allclose(policy.infer(obs)["actions"], reference.infer(obs)["actions"], rtol=0, atol=TOL)
     # The prompt reaches the image tokens: another prompt, other actions.
     other = dict(obs, prompt="block")

@@ -309,3 +309,19 @@ def test_keypoint_tokens_extend_each_camera():
             model.encode_images(images)
     both = dataclasses.replace(cfg.vision, keypoints_only=False)
     assert both.num_tokens == both.grid_tokens + both.keypoints
+
+
+def test_masked_cameras_and_padding_are_left_out_without_changing_actions():
+    from omni_ros.policy.torch_runner import compact
+
+    policy = from_preset("tiny", seed=0)
+    cfg = policy.processor.cfg
+    obs = observation(cfg, cameras=["base"], prompt="go")  # the wrist camera is declared but absent
+    inputs = policy.processor.inputs([policy.processor.parse(obs)])
+    small = compact(inputs)
+    assert (
+        small.images.shape[1] == 1 and small.tokens.shape[1] == int(inputs.token_mask.sum()) < cfg.tokenizer.max_tokens
+    )
+    compacted = policy.infer(obs)["actions"]
+    policy.runner.compact = False
+    np.testing.assert_allclose(policy.infer(obs)["actions"], compacted, rtol=0, atol=1e-5)

@@ -67,9 +67,8 @@ def test_remote_backend_from_yaml_gives_the_upstream_actions(upstream, tmp_path)
 
 
 def test_remote_backend_needs_a_url(tmp_path):
-    config = load_config(_yaml(tmp_path, ""))
-    with pytest.raises(ConfigError, match=r"policy\.remote\.url"):
-        load_policy(config.policy)
+    with pytest.raises(ConfigError, match=r"policy\.remote\.url is needed"):
+        load_config(_yaml(tmp_path, ""))
 
 
 def test_serve_relays_to_a_remote_backend(upstream, tmp_path, root):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from helpers.tts_sim import SimClock, frames_at_speed
+from omni_ros.config import OmniConfig, from_dict
 from omni_ros.tts.config import TtsScheduleConfig
 from omni_ros.tts.playback import PlaybackClock, simulate
 from omni_ros.tts.scheduler import ChunkScheduler
@@ -141,12 +142,13 @@ def test_empty_stream_gives_one_empty_final_chunk():
 @pytest.mark.parametrize(
     "bad",
     [
-        TtsScheduleConfig(first_chunk_ms=0),
-        TtsScheduleConfig(ramp_ms=[40, -1]),
-        TtsScheduleConfig(safety_margin=-0.5),
-        TtsScheduleConfig(min_chunk_ms=500, steady_chunk_ms=320),
+        {"first_chunk_ms": 0},
+        {"ramp_ms": [40, -1]},
+        {"safety_margin": -0.5},
+        {"min_chunk_ms": 500, "steady_chunk_ms": 320},
     ],
 )
 def test_bad_schedules_are_rejected(bad):
+    # The schedule checks itself when it is built, so a bad one never reaches a ChunkScheduler.
     with pytest.raises(ValueError, match=r"tts\.schedule"):
-        ChunkScheduler(bad, SR)
+        from_dict(OmniConfig, {"tts": {"schedule": bad}})

@@ -24,13 +24,12 @@ from pathlib import Path
 
 import torch
 
-from omni_ros.config import ConfigError
+from omni_ros.backends.exported import exported_policy
 from omni_ros.export.methods import stage_plan
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
-from omni_ros.policy import families
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
-from omni_ros.policy.tokenizer import make_tokenizer
+from omni_ros.typed_config import ConfigError
 
 MODES = ("auto", "staged", "fused")
 
@@ -149,7 +148,6 @@ def load_pte(
     target_device = "cuda" if sidecar.target == "cuda" else "cpu"
     if device is not None and device.split(":")[0] != target_device:
         raise ConfigError(f"{pte} runs on {target_device} (target {sidecar.target}), not policy.device '{device}'")
-    cfg = sidecar.model
     plan = stage_plan(sidecar.family)
     staged = all(m in sidecar.methods for m in plan.staged)
     if mode == "auto":
@@ -164,11 +162,6 @@ def load_pte(
                 f"{pte}: its fused 'sample' runs {sidecar.num_steps} Euler steps, configured num_steps is "
                 f"{num_steps}; export with --num-steps {num_steps} or use the staged methods"
             )
-    tokenizer_cfg = cfg.tokenizer
-    if sidecar.tokenizer_file:
-        tokenizer_cfg = type(tokenizer_cfg)(tokenizer_cfg.kind, sidecar.tokenizer_file, tokenizer_cfg.max_tokens)
-    tokenizer = make_tokenizer(tokenizer_cfg, base_dir=pte.parent)
-    processor = families.get(sidecar.family).build_processor(cfg, sidecar.norm_stats, tokenizer)
     runner = ExecuTorchRunner(pte, sidecar, mode, num_threads)
-    steps = num_steps or (sidecar.num_steps if mode == "fused" else cfg.num_steps)
-    return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or sidecar.name)
+    fused = mode == "fused"
+    return exported_policy(sidecar, runner, pte.parent, fused=fused, seed=seed, num_steps=num_steps, name=name)

@@ -11,8 +11,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from omni_ros.config import ConfigError, PolicyConfig
 from omni_ros.policy.base import Policy
+from omni_ros.policy.config import PolicyConfig
+from omni_ros.typed_config import ConfigError
 
 
 def load_policy(
@@ -35,9 +36,11 @@ def load_policy(
         return _load_torch(config, camera_names, state_dim, action_dim)
     if config.backend == "executorch":
         return _load_executorch(config, camera_names, state_dim, action_dim)
+    if config.backend == "onnxruntime":
+        return _load_onnxruntime(config, camera_names, state_dim, action_dim)
     if config.backend == "remote":
         return _load_remote(config, camera_names, state_dim, action_dim)
-    raise ConfigError(f"unknown policy.backend '{config.backend}'; use torch, executorch or remote")
+    raise ConfigError(f"unknown policy.backend '{config.backend}'; use torch, executorch, onnxruntime or remote")
 
 
 def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
@@ -45,35 +48,43 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
 
     common = {"device": config.device, "dtype": config.dtype, "seed": config.seed, "num_steps": config.num_steps}
     if config.checkpoint:
-        policy = load(config.checkpoint, **common)
+        policy = load(config.checkpoint, tokenizer=config.tokenizer, **common)
         check_agrees(policy, camera_names, state_dim, action_dim, config.checkpoint)
         return policy
     return from_preset(config.preset, camera_names=camera_names, state_dim=state_dim, action_dim=action_dim, **common)
 
 
 def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
-    if not config.pte:
-        raise ConfigError("policy.backend 'executorch' needs policy.pte (a .pte written by `omni-ros export`)")
-    if config.dtype != "float32":
-        raise ConfigError("policy.dtype is fixed by the exported program for backend 'executorch'; use float32")
+    # PolicyConfig checked itself: a pte is given and the dtype is float32.
     from omni_ros.backends.executorch_runner import load_pte
 
     return load_pte(
-        Path(config.pte),
-        seed=config.seed,
-        num_steps=config.num_steps,
-        num_threads=config.num_threads,
-        device=config.device,
-        camera_names=camera_names,
-        state_dim=state_dim,
-        action_dim=action_dim,
+        Path(config.pte or ""), device=config.device, **_exported(config, camera_names, state_dim, action_dim)
     )
 
 
+def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+    # PolicyConfig checked itself: a folder is given, and no dtype or device beside the providers.
+    from omni_ros.backends.onnx_runner import load_onnx
+
+    folder = Path(config.onnx or "")
+    return load_onnx(folder, providers=config.providers, **_exported(config, camera_names, state_dim, action_dim))
+
+
+def _exported(config: PolicyConfig, camera_names, state_dim, action_dim) -> dict:
+    """What every exported-program backend takes from the config and the robot (its sidecar must agree)."""
+    return {
+        "seed": config.seed,
+        "num_steps": config.num_steps,
+        "num_threads": config.num_threads,
+        "camera_names": camera_names,
+        "state_dim": state_dim,
+        "action_dim": action_dim,
+    }
+
+
 def _load_remote(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
-    remote = config.remote
-    if not remote.url:
-        raise ConfigError("policy.backend 'remote' needs policy.remote.url (e.g. ws://127.0.0.1:8000)")
+    remote = config.remote  # PolicyConfig checked itself: the url is set
     from omni_ros.backends.remote import RemotePolicy
 
     policy = RemotePolicy(

@@ -22,6 +22,10 @@ request ids: a reply still in flight would otherwise be read as the answer to
 the next observation. Connection failures are retried (bounded, with
 exponential backoff) and a dropped connection is re-opened, all within the
 same deadline; the robot never gets a reply computed for an older request.
+When the connection closes under a request (the server restarted, or the Ray
+Serve replica holding it died) the request is sent again on a new connection,
+the first time at once, then after pauses that double; the new server must
+announce the same observation layout and action shape as the old one.
 """
 
 from __future__ import annotations
@@ -130,7 +134,14 @@ class RemoteRunner:
                 if isinstance(first, str):
                     raise RemoteServerError(f"server error on connect:\n{first}")
                 metadata = unpackb(first)
-                self.server_metadata = metadata if isinstance(metadata, dict) else {}
+                metadata = metadata if isinstance(metadata, dict) else {}
+                if self.server_metadata and _layout(metadata) != _layout(self.server_metadata):
+                    # A request in the old layout must never be read by a policy that expects another one.
+                    raise RemotePolicyError(
+                        f"{self.url} now serves another policy layout: {_layout(metadata)} "
+                        f"instead of {_layout(self.server_metadata)}; create a new RemotePolicy"
+                    )
+                self.server_metadata = metadata
                 logger.info("connected to %s (attempt %d)", self.url, attempt)
                 return ws
             except InvalidStatus as exc:
@@ -202,11 +213,18 @@ class RemoteRunner:
                     self._drop()
                     raise DeadlineExceeded(f"no reply from {self.url} within {self.deadline_s:.3f} s") from exc
                 except ConnectionClosed as exc:
+                    # The server, or the replica behind a load balancer that held this connection, went away.
+                    # The request is sent again on a new connection: the first right away (another replica
+                    # is usually up), later ones after a pause that doubles, all within this deadline.
                     self._drop()
                     failures += 1
                     if failures > self.retries:
                         raise RemotePolicyError(f"connection to {self.url} lost {failures} times: {exc}") from exc
-                    logger.warning("connection to %s lost (%s); reconnecting", self.url, exc)
+                    pause = 0.0 if failures == 1 else min(self.backoff_s * 2 ** (failures - 2), self.backoff_max_s)
+                    pause = min(pause, deadline - time.monotonic())
+                    logger.warning("connection to %s lost (%s); reconnecting in %.2f s", self.url, exc, max(pause, 0))
+                    if pause > 0:
+                        time.sleep(pause)
                     continue
                 break
             if isinstance(reply, str):
@@ -314,6 +332,14 @@ class RemotePolicy(InferencePipeline):
     @property
     def reconnects(self) -> int:
         return self.remote.reconnects
+
+
+# What a reconnected server must announce as before: the observation layout and the shape of its answers.
+_LAYOUT_KEYS = ("keymap", "camera_names", "state_dim", "action_dim", "action_horizon", "noise_shape")
+
+
+def _layout(metadata: dict[str, Any]) -> dict[str, Any]:
+    return {k: metadata.get(k) for k in _LAYOUT_KEYS}
 
 
 def _noise_shape(value: Any) -> tuple[int, int] | None:

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from omni_ros.commands.common import add_config_args, config_from_args
-from omni_ros.config import to_dict
+from omni_ros.typed_config import to_dict
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from omni_ros.commands.common import add_config_args, config_from_args
+from omni_ros.typed_config import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -16,7 +17,15 @@ def run(args: argparse.Namespace) -> int:
         config.eval.every_k_frames = args.every
     if args.prompt is not None:
         config.eval.prompt = args.prompt
-    if args.realtime:
+    if args.ray and args.realtime:
+        raise ConfigError("--ray and --realtime do not combine: real time plays one bag to one running node")
+    if args.ray:
+        from omni_ros.eval.distributed import evaluate_ray
+
+        evaluation = evaluate_ray(
+            args.bags, config, out_dir=args.out, progress=not args.quiet, address=args.ray_address
+        )
+    elif args.realtime:
         from omni_ros.eval.realtime import evaluate_realtime
 
         evaluation = evaluate_realtime(
@@ -48,5 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", help="a fixed prompt instead of the bag's prompt topic (eval.prompt)")
     p.add_argument("--realtime", action="store_true", help="play the bag to a running policy node over ROS")
     p.add_argument("--wait", type=float, default=30.0, help="real time: seconds to wait for the policy node")
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="replay the bags in parallel as Ray tasks (a local Ray cluster unless --ray-address); same report",
+    )
+    p.add_argument("--ray-address", metavar="ADDRESS", help="with --ray: run the tasks on this running Ray cluster")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -1,19 +1,27 @@
-"""`omni-ros export`: a checkpoint or preset -> one ExecuTorch `.pte` (+ sidecar JSON) for XNNPACK, QNN or CUDA."""
+"""`omni-ros export`: a checkpoint or preset -> one ExecuTorch `.pte` (+ sidecar JSON) for XNNPACK, QNN or CUDA,
+or a folder of ONNX graphs for ONNX Runtime (onnx) and Qualcomm's HTP through its QNN EP (qnn-onnx)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from omni_ros.config import ConfigError
+from omni_ros.typed_config import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
     from omni_ros.export.exporter import check_export_target, export_checkpoint, export_preset
     from omni_ros.export.qnn import QnnOptions
     from omni_ros.export.report import format_report
 
-    qnn = QnnOptions(soc=args.qnn_soc, precision=args.qnn_precision)
+    # Tracing, calibrating and compiling take minutes on big models: say what is happening (one line per step).
+    logging.getLogger("omni_ros.export").setLevel(logging.INFO)
+    onnx = args.target in ("onnx", "qnn-onnx")
+    # int16 activations are what transformers need on the HTP through ONNX; ExecuTorch's QNN recipe defaults to 8a8w.
+    precision = args.qnn_precision or ("16a8w" if args.target == "qnn-onnx" else "8a8w")
+    qnn = QnnOptions(soc=args.qnn_soc, precision=precision, calibration_samples=args.calibration_samples)
     methods = tuple(args.methods) if args.methods else None  # None: every method of the model's family
     try:
         # Refuse a missing SDK/GPU or a bad option before loading and tracing anything.
@@ -27,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         "num_steps": args.num_steps,
         "qnn": qnn,
     }
+    if onnx:
+        common["calibration"] = args.calibration
     if args.checkpoint:
         result = export_checkpoint(args.checkpoint, args.out, tokenizer=args.tokenizer, **common)
     else:
@@ -43,35 +53,67 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     print(f"wrote {result.pte} ({result.bytes / 1e6:.1f} MB) and {result.sidecar.name} in {result.seconds:.0f} s")
-    print(format_report(result.report))
+    if onnx:
+        from omni_ros.export.onnx_export import format_onnx_report
+
+        print(format_onnx_report(result.report))
+    else:
+        print(format_report(result.report))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
-        help="export a policy to an ExecuTorch .pte (xnnpack, qnn, cuda)",
-        description="Export the policy's stages (pi0: encode_images, prefill, denoise_step; SmolVLA: encode_image, "
-        "prefill, denoise_step) and the fused sampling loop (sample) as named methods of one .pte, lowered for a "
-        "backend, plus a sidecar <out>.json. --checkpoint takes any folder omni_ros loads (omni_ros, LeRobot pi0 / "
-        "pi0.5 / SmolVLA, openpi).",
+        help="export a policy to an ExecuTorch .pte (xnnpack, qnn, cuda) or ONNX (onnx, qnn-onnx)",
+        description="Export the policy's stages (pi0: encode_images, prefill, denoise_step; SmolVLA: encode_image "
+        "per camera, prefill, denoise_step) and the fused sampling loop (sample) as named methods of one .pte, "
+        "lowered for a backend, plus a sidecar <out>.json; or, for --target onnx / qnn-onnx (pi0 family), as one "
+        "ONNX graph per method in the folder --out with its sidecar omni_ros.json. qnn-onnx quantizes for "
+        "Qualcomm's HTP (calibrated on --calibration) and compiles the graphs for --qnn-soc (the qnn extra: "
+        "onnxruntime-qnn).",
     )
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--checkpoint", help="checkpoint directory (config.json + model.safetensors)")
-    p.add_argument("--tokenizer", help="tokenizer file or folder for a reference checkpoint that ships none")
+    source.add_argument(
+        "--checkpoint",
+        help="checkpoint folder: omni_ros's, a LeRobot pi0 / pi05 / SmolVLA folder or an openpi PyTorch one",
+    )
     source.add_argument("--preset", default="small", help="built-in architecture with seeded random weights")
-    p.add_argument("--target", default="xnnpack", choices=["xnnpack", "qnn", "cuda"], help="backend to lower for")
+    p.add_argument(
+        "--target",
+        default="xnnpack",
+        choices=["xnnpack", "qnn", "cuda", "onnx", "qnn-onnx"],
+        help="backend to export for",
+    )
     p.add_argument(
         "--quantize",
         default="none",
         choices=["none", "int8-dynamic", "8da4w"],
         help="weight quantization for xnnpack (QNN uses --qnn-precision)",
     )
-    p.add_argument("--out", required=True, help="output .pte path; the sidecar is written to <out>.json")
+    p.add_argument("--tokenizer", help="tokenizer.json / .model for a LeRobot or openpi checkpoint that ships none")
+    p.add_argument(
+        "--out", required=True, help="output .pte path (sidecar <out>.json), or the output folder for onnx / qnn-onnx"
+    )
     p.add_argument("--methods", nargs="+", help="methods to export (default: all of the model family's)")
     p.add_argument("--num-steps", type=int, help="Euler steps of the fused sample method (default: the model's)")
-    p.add_argument("--qnn-soc", default="SM8650", help="Snapdragon SoC for --target qnn (e.g. SM8550, SM8650)")
-    p.add_argument("--qnn-precision", default="8a8w", choices=["8a8w", "16a8w", "fp16"], help="QNN HTP precision")
+    p.add_argument(
+        "--qnn-soc",
+        default="SM8650",
+        help="Snapdragon SoC for --target qnn / qnn-onnx (e.g. SM8550, SM8650; default SM8650)",
+    )
+    p.add_argument(
+        "--qnn-precision",
+        choices=["8a8w", "16a8w", "fp16"],
+        help="HTP precision: activations/weights bits, or fp16 (V73+ SoCs); default 16a8w for qnn-onnx, 8a8w for qnn",
+    )
+    p.add_argument(
+        "--calibration",
+        default="sim",
+        help="qnn-onnx: observations to calibrate the quantized graphs on: sim (the simulated arm), a dataset folder "
+        "(omni-ros sim collect), or random (plumbing tests only); default sim",
+    )
+    p.add_argument("--calibration-samples", type=int, default=16, help="observations to calibrate on (default 16)")
     p.add_argument("--camera", action="append", help="preset camera names (repeatable)")
     p.add_argument("--state-dim", type=int, help="preset state dimension")
     p.add_argument("--action-dim", type=int, help="preset action dimension")

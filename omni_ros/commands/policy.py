@@ -9,7 +9,7 @@ import sys
 
 def _load(args: argparse.Namespace):
     from omni_ros.backends.factory import load_policy
-    from omni_ros.config import PolicyConfig
+    from omni_ros.policy.config import PolicyConfig
 
     config = PolicyConfig(
         preset=args.preset,
@@ -19,48 +19,82 @@ def _load(args: argparse.Namespace):
         seed=args.seed,
         num_steps=args.steps,
         num_threads=args.threads,
+        tokenizer=args.tokenizer,
     )
     return load_policy(config)
 
 
-def run_info(args: argparse.Namespace) -> int:
-    from omni_ros.policy import families, layouts
-    from omni_ros.policy.pi0.modeling import count_parameters
-    from omni_ros.policy.pi0.presets import preset
+def describe(checkpoint) -> dict:
+    """What `policy info` reports of a checkpoint read by its layout adapter (family-agnostic fields)."""
+    cfg, stats = checkpoint.config, checkpoint.norm_stats
+    return {
+        "layout": checkpoint.layout,
+        "family": checkpoint.family + (f" ({cfg.variant})" if getattr(cfg, "variant", None) else ""),
+        "cameras": list(cfg.camera_names),
+        "image_size": cfg.vision.image_size,
+        "state_dim": cfg.state_dim,
+        "action_dim": cfg.action_dim,
+        "model_widths": [
+            getattr(cfg, "model_state_dim", cfg.state_dim),
+            getattr(cfg, "model_action_dim", cfg.action_dim),
+        ],
+        "action_horizon": cfg.action_horizon,
+        "num_steps": cfg.num_steps,
+        "normalization": {"state": stats.state_mode, "action": stats.action_mode, "epsilon": stats.eps_rule},
+        "tokenizer": {
+            "kind": cfg.tokenizer.kind,
+            "max_tokens": cfg.tokenizer.max_tokens,
+            "source": checkpoint.tokenizer_source or "built in",
+        },
+    }
 
-    if args.checkpoint:
-        # Any layout (omni_ros, LeRobot pi0 / pi0.5 / SmolVLA, openpi): config, stats and tokenizer, no weights.
-        checkpoint = layouts.read(args.checkpoint)
-        cfg, stats = checkpoint.config, checkpoint.norm_stats
-        extra = {**checkpoint.extra, "layout": checkpoint.layout, "family": checkpoint.family}
-        if checkpoint.tokenizer_source:
-            extra["tokenizer"] = checkpoint.tokenizer_source
-    else:
-        cfg, stats, extra = preset(args.preset), None, {}
+
+def run_info(args: argparse.Namespace) -> int:
     import torch
 
-    # The meta device builds even pi0-sized models without allocating their weights.
-    with torch.device("meta"):
-        params = count_parameters(families.get(getattr(cfg, "family", "pi0")).build_model(cfg))
-    per_camera = cfg.tokens_per_camera if hasattr(cfg, "tokens_per_camera") else cfg.vision.num_tokens
-    tile = cfg.tile_size if hasattr(cfg, "tile_size") else cfg.vision.image_size
+    from omni_ros.policy import families, layouts
+    from omni_ros.policy.pi0.modeling import count_parameters
+    from omni_ros.policy.pi0.presets import build_preset, preset
+
+    if args.checkpoint:
+        checkpoint = layouts.read(args.checkpoint, tokenizer=args.tokenizer)
+        cfg, extra = checkpoint.config, checkpoint.extra
+        summary = describe(checkpoint)
+        stats = vars(checkpoint.norm_stats)
+        # The meta device builds even pi0-sized models without allocating their weights.
+        with torch.device("meta"):
+            params = count_parameters(families.get(checkpoint.family).build_model(cfg))
+    else:
+        cfg, extra, stats = preset(args.preset), {}, None
+        summary = {"layout": "preset", "family": "pi0", "cameras": list(cfg.camera_names)}
+        with torch.device("meta"):
+            params = count_parameters(build_preset(args.preset))
+    # pi0 configs count image tokens in vision.num_tokens; SmolVLA's (after its pixel shuffle) in tokens_per_camera.
+    per_camera = getattr(cfg, "tokens_per_camera", None) or cfg.vision.num_tokens
     info = {
         "source": args.checkpoint or f"preset {args.preset} (random weights)",
+        **summary,
         "parameters": params,
-        "prefix_tokens": cfg.prefix_len,
+        "prefix_tokens": getattr(cfg, "prefix_len", None),
         "image_tokens_per_camera": per_camera,
         "config": cfg.to_dict(),
-        "norm_stats": None if stats is None else vars(stats),
+        "norm_stats": stats,
         "extra": extra,
     }
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info, indent=2, default=str))
         return 0
-    print(f"source:      {info['source']}")
-    print(f"cameras:     {', '.join(cfg.camera_names)} ({tile}px tile, {per_camera} tokens each)")
+    print(f"source:       {info['source']}")
+    print(f"layout:       {summary['layout']}, family {summary['family']}")
+    print(f"cameras:      {', '.join(cfg.camera_names)} ({cfg.vision.image_size}px tile, {per_camera} tokens each)")
     print(f"state/action: {cfg.state_dim} -> {cfg.action_horizon} x {cfg.action_dim} (dt {cfg.action_dt} s)")
-    print(f"prefix:      {cfg.prefix_len} tokens ({cfg.tokenizer.max_tokens} prompt, tokenizer {cfg.tokenizer.kind})")
-    print(f"sampler:     {cfg.num_steps} Euler steps")
+    if args.checkpoint:
+        norm, tok = summary["normalization"], summary["tokenizer"]
+        widths = summary["model_widths"]
+        print(f"model widths: state {widths[0]}, action {widths[1]} (zero-padded / truncated at the robot's dims)")
+        print(f"normalize:    state {norm['state']}, action {norm['action']} ({norm['epsilon']} epsilon)")
+        print(f"tokenizer:    {tok['kind']}, {tok['max_tokens']} tokens, from {tok['source']}")
+    print(f"sampler:      {cfg.num_steps} Euler steps")
     for part, count in params.items():
         print(f"params {part:>9}: {count:,} ({count / 1e6:.1f}M)")
     return 0
@@ -113,10 +147,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--checkpoint", help="checkpoint directory (config.json + model.safetensors)")
+        q.add_argument(
+            "--checkpoint",
+            help="checkpoint folder: omni_ros's, a LeRobot save_pretrained folder (pi0, pi05) or an openpi PyTorch one",
+        )
         q.add_argument("--preset", default="small", help="built-in architecture when no checkpoint (tiny, small, pi0)")
+        q.add_argument(
+            "--tokenizer",
+            help="tokenizer.json / tokenizer.model (or its folder) for a LeRobot or openpi checkpoint that ships none",
+        )
 
-    info = actions.add_parser("info", help="a checkpoint's (or preset's) config and parameter count")
+    info = actions.add_parser(
+        "info",
+        help="a checkpoint's layout, family, cameras, dims, normalization, tokenizer and parameter count",
+    )
     common(info)
     info.add_argument("--json", action="store_true", help="print everything as JSON")
     info.set_defaults(func=run_info)

@@ -8,6 +8,7 @@ import sys
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
     from pathlib import Path
 
     from omni_ros.commands.common import config_from_args
@@ -17,18 +18,20 @@ def run(args: argparse.Namespace) -> int:
     from omni_ros.tts.text import clean_text
 
     config = config_from_args(args).tts
-    for key in ("engine", "voice", "rate", "pitch"):
-        if getattr(args, key) is not None:
-            setattr(config, key, getattr(args, key))
+    overrides = {
+        key: getattr(args, key) for key in ("engine", "voice", "rate", "pitch") if getattr(args, key) is not None
+    }
     if args.sample_rate is not None:
-        config.output_sample_rate = args.sample_rate
-    if args.schedule is not None:
-        config.schedule.mode = args.schedule
+        overrides["output_sample_rate"] = args.sample_rate
     text = sys.stdin.read() if args.text == "-" else args.text
     if not clean_text(text):
         print("omni-ros say: nothing to say (the text is empty)", file=sys.stderr)
         return 1
     try:
+        # replace() re-runs the config's own checks on the values given on the command line.
+        if args.schedule is not None:
+            overrides["schedule"] = dataclasses.replace(config.schedule, mode=args.schedule)
+        config = dataclasses.replace(config, **overrides)
         engine = create_engine(config)
         pipeline = TtsPipeline(engine, config)
     except (TtsError, ValueError) as exc:

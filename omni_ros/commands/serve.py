@@ -1,36 +1,30 @@
-"""`omni-ros serve`: the configured policy behind an OpenPI-compatible WebSocket server."""
+"""`omni-ros serve`: the configured policy behind an OpenPI-compatible WebSocket server.
+
+With `--ray` the same endpoint runs as a Ray Serve application (omni_ros/serving/ray_serve.py), on a local
+cluster this command starts and stops, or on a running cluster given by `--ray-address`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+import os
+import signal
 import sys
+import threading
+import time
 from typing import Any
 
 from omni_ros.commands.common import add_config_args, config_from_args
-from omni_ros.config import ConfigError
-
-
-def _load_policy(args: argparse.Namespace, config: Any, keymap: Any) -> Any:
-    dims: dict[str, Any] = {}
-    if keymap is not None:
-        dims = {"camera_names": keymap.camera_names, "state_dim": keymap.state_dim, "action_dim": keymap.action_dim}
-    if args.policy_factory:
-        module_name, _, attr = args.policy_factory.partition(":")
-        if not attr:
-            raise ConfigError(f"--policy-factory: expected MODULE:CALLABLE, got {args.policy_factory!r}")
-        factory = getattr(importlib.import_module(module_name), attr)
-        return factory(**dims)
-    from omni_ros.backends.factory import load_policy
-
-    return load_policy(config.policy, **dims)
+from omni_ros.config import OmniConfig
+from omni_ros.typed_config import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from omni_ros.serving.keymap import CANONICAL, load_keymap
+    from omni_ros.serving.policies import load_served_policy
     from omni_ros.serving.server import PolicyServer
 
     config = config_from_args(args)
@@ -50,8 +44,11 @@ def run(args: argparse.Namespace) -> int:
     if args.max_wait_ms is not None:
         serve.batching.max_wait_ms = args.max_wait_ms
 
+    if args.ray:
+        return run_on_ray(args, config)
+
     keymap = None if serve.keymap == CANONICAL else load_keymap(serve.keymap)
-    policy = _load_policy(args, config, keymap)
+    policy = load_served_policy(config.policy, keymap, args.policy_factory)
     server = PolicyServer(policy, serve, keymap)
 
     async def main() -> None:
@@ -63,6 +60,61 @@ def run(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     print(f"omni-ros serve: stopped after {server.requests_served} requests")
+    return 0
+
+
+def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
+    from omni_ros.cluster import LocalCluster, RemoteCluster, check_ray, free_port
+
+    check_ray("omni-ros serve --ray")
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas: must be >= 1, got {args.replicas}")
+    if config.serve.keymap != "canonical":
+        from omni_ros.serving.keymap import load_keymap
+
+        load_keymap(config.serve.keymap)  # a bad name fails here, not in every replica
+    serve = config.serve
+    port = serve.port or free_port(serve.host)
+    if args.ray_address:
+        cluster: Any = RemoteCluster(args.ray_address)
+    else:
+        cpus = max(os.cpu_count() or 1, int(args.replicas * args.num_cpus + 0.999))
+        cluster = LocalCluster(num_cpus=cpus)
+
+    stop = threading.Event()
+    start = time.monotonic()
+    try:
+        cluster.start()
+        # After ray.init, which installs a SIGTERM handler of its own.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        cluster.start_serve(port, host=serve.host)
+        from omni_ros.serving.ray_serve import RaySpec, deploy
+
+        spec = RaySpec(
+            serve=serve,
+            policy=config.policy,
+            policy_factory=args.policy_factory,
+            design=args.design,
+            replicas=args.replicas,
+            num_cpus=args.num_cpus,
+            num_gpus=args.num_gpus,
+        )
+        url = f"ws://{serve.host}:{port}"
+        metadata = deploy(spec, url)
+        print(
+            f"omni-ros serve: listening on {url} (health: http://{serve.host}:{port}/healthz); Ray Serve, "
+            f"{args.replicas} {args.design} replica(s), up in {time.monotonic() - start:.1f} s"
+        )
+        print(json.dumps(metadata, indent=2, default=str))
+        sys.stdout.flush()
+        while not stop.wait(0.5):
+            pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
+        cluster.stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    print("omni-ros serve: stopped (Ray Serve application and cluster shut down)")
     return 0
 
 
@@ -86,5 +138,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--policy-factory",
         metavar="MODULE:CALLABLE",
         help="serve the policy returned by CALLABLE(camera_names=, state_dim=, action_dim=) instead of config.policy",
+    )
+    ray = p.add_argument_group(
+        "Ray Serve",
+        "With --ray the same endpoint runs as a Ray Serve application (replicas, restarts, placement on a "
+        "cluster); without --ray-address on a local Ray cluster on 127.0.0.1 that this command starts and stops. "
+        "Needs the 'ray' extra (pip install 'ray[serve]').",
+    )
+    ray.add_argument("--ray", action="store_true", help="serve through Ray Serve")
+    ray.add_argument("--replicas", type=int, default=1, help="policy replicas (default 1; fused: one per GPU)")
+    ray.add_argument(
+        "--design",
+        choices=("fused", "two-hop"),
+        default="fused",
+        help="fused: the policy in the WebSocket replica, a connection keeps its replica (default); "
+        "two-hop: an ingress replica forwards each request to a policy replica, retried on failure",
+    )
+    ray.add_argument("--num-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
+    ray.add_argument("--num-gpus", type=float, default=0.0, help="GPUs reserved per replica (default 0)")
+    ray.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="deploy on this running Ray cluster (e.g. 10.0.0.5:6379) instead of a local one; "
+        "the application is deleted again on exit",
     )
     p.set_defaults(func=run)

@@ -16,7 +16,7 @@ def _sim_config(args: argparse.Namespace) -> Any:
 
 def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str | None) -> Any:
     from omni_ros.backends.factory import load_policy
-    from omni_ros.config import PolicyConfig
+    from omni_ros.policy.config import PolicyConfig
 
     config = PolicyConfig(
         checkpoint=checkpoint,
@@ -29,10 +29,10 @@ def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str |
 
 
 def run_collect(args: argparse.Namespace) -> int:
-    from omni_ros.config import to_dict
     from omni_ros.progress import Progress
     from omni_ros.sim.collect import CollectOptions, collect
     from omni_ros.sim.dataset import DatasetMeta, DatasetWriter
+    from omni_ros.typed_config import to_dict
 
     config = _sim_config(args)
     sim = config.sim

@@ -19,15 +19,15 @@ OVERRIDES = (
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from omni_ros.config import load_config
     from omni_ros.train.config import TrainConfig
     from omni_ros.train.loop import train
 
     cfg = load_config(args.config, TrainConfig) if args.config else TrainConfig()
-    for key in OVERRIDES:
-        value = getattr(args, key)
-        if value is not None:
-            setattr(cfg, key, value)
+    # replace() re-runs the recipe's own checks on the values given on the command line.
+    cfg = dataclasses.replace(cfg, **{key: getattr(args, key) for key in OVERRIDES if getattr(args, key) is not None})
     result = train(cfg, args.data, args.out, resume=args.resume, stop_after=args.stop_after)
     loss = f"loss {result.first_loss:.4f} -> {result.last_loss:.4f}" if result.first_loss is not None else "no steps"
     print(f"omni-ros train: {result.steps} steps, {loss}, {result.seconds / 60:.1f} min; checkpoint {result.out}")

@@ -95,11 +95,7 @@ class ActionChunkExecutor:
     ) -> None:
         if dim < 1:
             raise ValueError(f"action dimension must be positive, got {dim}")
-        self.config = config = config or ControlConfig()
-        if not 0.0 <= config.prefetch_threshold <= 1.0:
-            raise ValueError(f"prefetch_threshold is a fraction of the chunk, 0..1; got {config.prefetch_threshold}")
-        if config.blend_window_s < 0:
-            raise ValueError(f"blend_window_s must be >= 0, got {config.blend_window_s}")
+        self.config = config = config or ControlConfig()  # it checks its own ranges; the joint count is ours
         self.dim = int(dim)
         self.control_rate_hz = float(control_rate_hz)
         self.dry_run = bool(dry_run)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from omni_ros.typed_config import FieldError
+
 
 @dataclass
 class EvalCamera:
@@ -66,3 +68,10 @@ class EvalConfig:
     # Report: episodes whose trajectories are plotted, and camera frames shown.
     plot_episodes: int = 3
     report_frames: int = 4
+
+    def __post_init__(self) -> None:
+        # Which cameras there are may come from `topics:`: OmniConfig checks trigger_camera against them.
+        if self.every_k_frames < 1:
+            raise FieldError("every_k_frames", f"must be >= 1, got {self.every_k_frames}")
+        if self.rate_hz < 0:
+            raise FieldError("rate_hz", f"must be >= 0 (0: every k-th frame instead), got {self.rate_hz}")

@@ -1,4 +1,7 @@
-"""Policy -> one `.pte` with named methods for a target backend, plus its sidecar JSON."""
+"""Policy -> one `.pte` with named methods for a target backend, plus its sidecar JSON.
+
+The ONNX targets (onnx, qnn-onnx) write a folder of ONNX graphs instead (`omni_ros.export.onnx_export`).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from omni_ros.export.report import delegation_report
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
 from omni_ros.policy.normalize import NormStats
 
-TARGETS = ("xnnpack", "qnn", "cuda")
+TARGETS = ("xnnpack", "qnn", "cuda", "onnx", "qnn-onnx")
 log = logging.getLogger(__name__)
 
 
@@ -47,6 +50,15 @@ def check_export_target(target: str, quantize: str, qnn: QnnOptions | None = Non
         if quantize != "none":
             raise ValueError("QNN quantizes with its own calibrated recipe: use --qnn-precision, not --quantize")
         find_qnn_sdk()
+    elif target in ("onnx", "qnn-onnx"):
+        if quantize != "none":
+            raise ValueError(f"--quantize is for xnnpack; --target {target} takes --qnn-precision (qnn-onnx) or none")
+        from omni_ros.export.ort_session import import_onnxruntime, qnn_ep_devices
+
+        ort = import_onnxruntime()
+        if target == "qnn-onnx":
+            (qnn or QnnOptions()).validate()
+            qnn_ep_devices(ort)  # the HTP compiler: a missing qnn extra fails here, before any tracing
     elif target == "cuda":
         from omni_ros.export.cuda import check_cuda_export
 
@@ -67,10 +79,12 @@ def export_policy(
     name: str | None = None,
     tokenizer_file: str | Path | None = None,
     qnn: QnnOptions | None = None,
+    calibration: str = "sim",
 ) -> ExportResult:
     """Export `methods` (default: all of the model family's) of `model` to `out` (.pte) and write `out`.json.
 
     The model is copied, switched to its export forms and quantized; the caller's model is untouched.
+    For the ONNX targets `out` is a folder; qnn-onnx calibrates on `calibration` (sim, random or a dataset).
     """
     check_export_target(target, quantize, qnn)
     cfg: Any = model.cfg
@@ -81,6 +95,10 @@ def export_policy(
     out.parent.mkdir(parents=True, exist_ok=True)
     steps = num_steps or cfg.num_steps
     start = time.perf_counter()
+    if target in ("onnx", "qnn-onnx"):
+        if plan.family != "pi0":
+            raise ValueError(f"--target {target} exports pi0-family models only; export a {plan.family} model to a .pte")
+        return _export_onnx(model, norm_stats, out, target, methods, steps, name, tokenizer_file, qnn, calibration)
     timings: dict[str, float] = {}
     work = use_export_forms(copy.deepcopy(model).float().eval())
     target_options: dict[str, Any] = {}
@@ -144,26 +162,51 @@ def export_policy(
     return ExportResult(out, sidecar_path(out), report, seconds, out.stat().st_size, timings)
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, tokenizer: Any = None, **kwargs: Any) -> ExportResult:
-    """Export a checkpoint directory of any layout omni_ros reads (weights, norm stats, its tokenizer file)."""
-    from omni_ros.policy import families, layouts
-    from omni_ros.policy.layouts.omni import load_checkpoint
+def _export_onnx(model, norm_stats, out, target, methods, steps, name, tokenizer_file, qnn, calibration):
+    from dataclasses import replace
 
-    checkpoint = Path(checkpoint)
-    omni = layouts.detect(checkpoint) == "omni_ros"
-    if omni:
-        model, stats, _ = load_checkpoint(checkpoint)
-    else:  # a reference checkpoint (LeRobot, openpi): its family's model, weights memory-mapped
-        read = layouts.read(checkpoint, tokenizer=tokenizer)
-        family = families.get(read.family)
-        model, stats = layouts.build_model(read, lambda: family.build_model(read.config)), read.norm_stats
+    from omni_ros.export.onnx_export import export_onnx
+    from omni_ros.export.sidecar import ONNX_SIDECAR
+    from omni_ros.policy.tokenizer import make_tokenizer
+
+    start = time.perf_counter()
+    tokenizer_cfg = model.cfg.tokenizer
+    if tokenizer_file is not None:
+        tokenizer_cfg = replace(tokenizer_cfg, path=str(tokenizer_file))
+    sidecar, timings = export_onnx(
+        model,
+        norm_stats,
+        out,
+        target=target,
+        methods=tuple(methods),
+        num_steps=steps,
+        name=name or model.cfg.name,
+        tokenizer_file=tokenizer_file,
+        qnn=qnn,
+        calibration=calibration,
+        tokenizer=make_tokenizer(tokenizer_cfg),
+    )
+    seconds = time.perf_counter() - start
+    size = sum(d["bytes"] for d in sidecar.files.values())
+    log.info("exported %s (%s, %s) in %.1f s", out, target, sidecar.quantize, seconds)
+    return ExportResult(out, out / ONNX_SIDECAR, sidecar.delegation, seconds, size, timings)
+
+
+def export_checkpoint(
+    checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None, **kwargs: Any
+) -> ExportResult:
+    """Export a checkpoint folder of any layout (weights, norm stats and its tokenizer file if any)."""
+    from omni_ros.policy import families, layouts
+
+    path = Path(checkpoint)
+    read = layouts.read(path, tokenizer=tokenizer)
+    model = layouts.build_model(read, lambda: families.get(read.family).build_model(read.config))
     tokenizer_file = None
-    if model.cfg.tokenizer.kind not in ("bytes", "words") and model.cfg.tokenizer.path:
-        tokenizer_file = Path(model.cfg.tokenizer.path)
-        # omni_ros checkpoints name it relative to their folder; a reference layout names the file it found.
-        tokenizer_file = checkpoint / tokenizer_file if omni and not tokenizer_file.is_absolute() else tokenizer_file
-    kwargs.setdefault("name", checkpoint.name)
-    return export_policy(model, stats, out, tokenizer_file=tokenizer_file, **kwargs)
+    if read.config.tokenizer.kind not in ("bytes", "words") and read.config.tokenizer.path:
+        tokenizer_file = Path(read.config.tokenizer.path)
+        tokenizer_file = tokenizer_file if tokenizer_file.is_absolute() else path / tokenizer_file
+    kwargs.setdefault("name", path.name)
+    return export_policy(model, read.norm_stats, out, tokenizer_file=tokenizer_file, **kwargs)
 
 
 def export_preset(preset_name: str, out: str | Path, weights_seed: int = 0, **kwargs: Any) -> ExportResult:

@@ -37,6 +37,20 @@ SOC_HTP_ARCH = {
     "QCM6490": "V68",  # robotics RB3 Gen 2
     "SA8295": "V68",  # automotive
 }
+# QNN's SoC model numbers (the `soc_model` of the HTP backend and of ONNX Runtime's QNN EP), the same as
+# ExecuTorch's QcomChipset values. The HTP compiles for one SoC: a context binary runs only there.
+SOC_MODEL = {
+    "SM8450": 36,
+    "SM8475": 42,
+    "SM8550": 43,
+    "SM8650": 57,
+    "SM8750": 69,
+    "SM8850": 87,
+    "SC8380XP": 60,
+    "QCS9100": 77,
+    "QCM6490": 93,
+    "SA8295": 39,
+}
 # The quantization each precision needs: the HTP runs integer graphs; fp16 needs a premium SoC (V73+).
 PRECISIONS = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "fp16": None}
 FP16_MIN_ARCH = 73
@@ -109,12 +123,42 @@ def qnn_plan(cfg: Any, options: QnnOptions, methods: tuple[str, ...] | list[str]
     }
 
 
-def calibration_inputs(model: nn.Module, methods: list[str] | tuple[str, ...], samples: int, seed: int = 0):
-    """Per method, `samples` input tuples produced by running the eager model on random observations.
+def random_model_inputs(cfg: Any, samples: int, gen: torch.Generator) -> list[ModelInputs]:
+    """Random observations as model inputs (batch 1): pixels in [-1, 1], a prompt of random length, a state.
 
-    Each stage is calibrated on what the stage before it really produces (image tokens, a KV cache,
-    the states of the Euler loop), not on unrelated random tensors: the family's own staged inference
-    runs over the eager stage modules and every call is recorded.
+    Shapes come from the family's fused `sample` signature (images, image_masks, tokens, token_mask, state, noise).
+    """
+    images, image_masks, tokens_spec, _, state, _ = stage_plan(cfg).signatures(cfg)["sample"].inputs
+    out = []
+    for _ in range(samples):
+        tokens = torch.randint(0, min(cfg.vocab_size, 256), tokens_spec.shape, generator=gen)
+        token_mask = torch.zeros(tokens.shape, dtype=torch.bool)
+        token_mask[:, : 1 + int(torch.randint(1, tokens.shape[1], (1,), generator=gen))] = True
+        out.append(
+            ModelInputs(
+                images=torch.rand(images.shape, generator=gen) * 2 - 1,
+                image_masks=torch.ones(image_masks.shape, dtype=torch.bool),
+                tokens=tokens,
+                token_mask=token_mask,
+                state=torch.randn(state.shape, generator=gen),
+            )
+        )
+    return out
+
+
+def calibration_inputs(
+    model: nn.Module,
+    methods: list[str] | tuple[str, ...],
+    samples: int,
+    seed: int = 0,
+    inputs: list[ModelInputs] | None = None,
+):
+    """Per method, input tuples produced by running the eager model on observations.
+
+    `inputs` are model inputs of real observations (batch 1, `omni_ros.export.calibration`); without them,
+    `samples` random observations. Each stage is calibrated on what the stage before it really produces
+    (image tokens, a KV cache, the states of the Euler loop), not on unrelated random tensors: the family's
+    own staged inference runs over the eager stage modules and every call is recorded.
     """
     cfg: Any = model.cfg
     plan = stage_plan(cfg)
@@ -122,9 +166,9 @@ def calibration_inputs(model: nn.Module, methods: list[str] | tuple[str, ...], s
     modules = {name: plan.module(model, name, cfg.num_steps) for name in plan.staged}
     out: dict[str, list[tuple[torch.Tensor, ...]]] = {name: [] for name in methods}
     with torch.no_grad():
-        for i in range(samples):
-            *fields, noise = plan.example_inputs(sigs["sample"], cfg, seed + i)
-            inputs = ModelInputs(*fields)
+        gen = torch.Generator().manual_seed(seed)
+        for observed in inputs if inputs is not None else random_model_inputs(cfg, samples, gen):
+            noise = torch.randn(sigs["sample"].inputs[-1].shape, generator=gen)
             recorded: dict[str, list[tuple[torch.Tensor, ...]]] = {name: [] for name in plan.methods}
 
             def run(method: str, tensors: list[torch.Tensor], recorded=recorded) -> list[torch.Tensor]:
@@ -132,8 +176,8 @@ def calibration_inputs(model: nn.Module, methods: list[str] | tuple[str, ...], s
                 result = modules[method](*tensors)
                 return list(result) if isinstance(result, tuple) else [result]
 
-            plan.run_staged(cfg, run, inputs, noise, cfg.num_steps, StageClock())
-            recorded["sample"] = [(*plan.fused_inputs(cfg, inputs), noise)]
+            plan.run_staged(cfg, run, observed, noise, cfg.num_steps, StageClock())
+            recorded["sample"] = [(*plan.fused_inputs(cfg, observed), noise)]
             for name in methods:
                 out[name].extend(recorded[name])
     return out

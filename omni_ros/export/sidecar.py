@@ -1,8 +1,10 @@
-"""The sidecar JSON next to a `.pte`: everything the runtime needs besides the program itself.
+"""The sidecar JSON of an exported policy: everything the runtime needs besides the programs themselves.
 
 `policy.pte` -> `policy.pte.json` with the model config (cameras, dims, horizon, tokenizer), norm stats,
 the method signatures, the delegation report, the versions that exported it and the program's SHA-256.
-The runtime refuses a `.pte` whose sidecar is missing, does not describe it, or does not match the
+An ONNX export is a folder with one `.onnx` file per method and the same sidecar as `omni_ros.json`
+(format `omni_ros.onnx.v1`), which lists the size and SHA-256 of every file under `files`.
+The runtime refuses a program whose sidecar is missing, does not describe it, or does not match the
 configuration it is used with.
 """
 
@@ -21,6 +23,7 @@ from omni_ros.export.methods import MethodSignature
 from omni_ros.policy.normalize import NormStats
 
 FORMAT = "omni_ros.pte.v1"
+ONNX_FORMAT = "omni_ros.onnx.v1"
 # The flatbuffer file identifier of an ExecuTorch program (bytes 4-8). The runtime aborts the whole process on
 # some malformed files instead of raising, so nothing reaches it without this and the checksum.
 PROGRAM_IDENTIFIER = b"ET12"
@@ -28,6 +31,10 @@ PROGRAM_IDENTIFIER = b"ET12"
 
 class PteError(OmniRosError, RuntimeError):
     """A `.pte` or its sidecar is missing, corrupt, or does not match the configuration."""
+
+
+class OnnxModelError(OmniRosError, RuntimeError):
+    """An ONNX export (its files, its sidecar or its compiled QNN cache) is missing, corrupt or does not match."""
 
 
 def sidecar_path(pte: str | Path) -> Path:
@@ -43,12 +50,16 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def runtime_versions() -> dict[str, str]:
+PTE_PACKAGES = ("omni_ros", "torch", "executorch", "torchao")
+ONNX_PACKAGES = ("omni_ros", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-qnn")
+
+
+def runtime_versions(packages: tuple[str, ...] = PTE_PACKAGES) -> dict[str, str]:
     """Versions of what exports and runs programs (recorded at export, compared at load)."""
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {}
-    for package in ("omni_ros", "torch", "executorch", "torchao"):
+    for package in packages:
         try:
             versions[package] = version(package)
         except PackageNotFoundError:
@@ -64,10 +75,12 @@ class Sidecar:
     model: Any  # the family's model config (pi0's ModelConfig, SmolVLAConfig, ...)
     norm_stats: NormStats
     methods: dict[str, MethodSignature]
-    pte_sha256: str
-    pte_bytes: int
     # Euler steps baked into the fused `sample` method.
     num_steps: int
+    # The program file of a .pte; an ONNX export lists its files (name relative to the folder -> digest) instead.
+    pte_sha256: str = ""
+    pte_bytes: int = 0
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=runtime_versions)
     delegation: dict[str, Any] = field(default_factory=dict)
     # A tokenizer file copied next to the .pte (sentencepiece), relative to it.
@@ -81,13 +94,18 @@ class Sidecar:
         return getattr(self.model, "family", "pi0")
 
     def to_dict(self) -> dict[str, Any]:
+        artifact = (
+            {"files": self.files}
+            if self.format == ONNX_FORMAT
+            else {"pte": {"sha256": self.pte_sha256, "bytes": self.pte_bytes}}
+        )
         return {
             "format": self.format,
             "name": self.name,
             "family": self.family,
             "target": self.target,
             "quantize": self.quantize,
-            "pte": {"sha256": self.pte_sha256, "bytes": self.pte_bytes},
+            **artifact,
             "model": self.model.to_dict(),
             "norm_stats": asdict(self.norm_stats),
             "tokenizer_file": self.tokenizer_file,
@@ -99,9 +117,10 @@ class Sidecar:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "<sidecar>") -> Sidecar:
-        if data.get("format") != FORMAT:
-            raise PteError(f"{source}: sidecar format {data.get('format')!r}, this omni_ros reads {FORMAT!r}")
+    def from_dict(cls, data: dict[str, Any], source: str = "<sidecar>", expect: str = FORMAT) -> Sidecar:
+        error = OnnxModelError if expect == ONNX_FORMAT else PteError
+        if data.get("format") != expect:
+            raise error(f"{source}: sidecar format {data.get('format')!r}, this omni_ros reads {expect!r}")
         from omni_ros.policy import families
 
         try:
@@ -116,16 +135,18 @@ class Sidecar:
                 model=model,
                 norm_stats=stats,
                 methods={n: MethodSignature.from_dict(n, s) for n, s in data["methods"].items()},
-                pte_sha256=data["pte"]["sha256"],
-                pte_bytes=int(data["pte"]["bytes"]),
+                pte_sha256=data["pte"]["sha256"] if expect == FORMAT else "",
+                pte_bytes=int(data["pte"]["bytes"]) if expect == FORMAT else 0,
+                files={n: {"sha256": d["sha256"], "bytes": int(d["bytes"])} for n, d in data.get("files", {}).items()},
                 num_steps=int(data["num_steps"]),
                 versions=dict(data["versions"]),
                 delegation=data.get("delegation", {}),
                 tokenizer_file=data.get("tokenizer_file"),
                 target_options=data.get("target_options", {}),
+                format=expect,
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise PteError(f"{source}: invalid sidecar: {exc!r}") from exc
+            raise error(f"{source}: invalid sidecar: {exc!r}") from exc
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -150,6 +171,30 @@ def write_sidecar(pte: str | Path, sidecar: Sidecar) -> Path:
     return path
 
 
+def file_digest(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    return {"sha256": file_sha256(path), "bytes": path.stat().st_size}
+
+
+def verify_file(path: Path, sha256: str, size: int, error: type[Exception] = PteError) -> None:
+    """Refuse `path` unless it has the size and SHA-256 its sidecar recorded (truncated, corrupt, replaced)."""
+    actual = path.stat().st_size
+    if actual != size:
+        raise error(
+            f"{path}: {actual} bytes but its sidecar describes {size} bytes (truncated, corrupt or "
+            "replaced file); export it again"
+        )
+    if file_sha256(path) != sha256:
+        raise error(f"{path}: SHA-256 does not match its sidecar (corrupt or replaced file); export it again")
+
+
+def _read_json(path: Path, error: type[Exception]) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: not valid JSON: {exc}") from exc
+
+
 def read_sidecar(pte: str | Path, verify: bool = True) -> Sidecar:
     """The sidecar of `pte`, checked to describe this very file (size and SHA-256) when `verify`."""
     pte = Path(pte)
@@ -161,11 +206,7 @@ def read_sidecar(pte: str | Path, verify: bool = True) -> Sidecar:
             f"{pte}: sidecar {path.name} is missing; it is written by `omni-ros export` next to the .pte "
             "and holds the config, norm stats and signatures the runtime needs"
         )
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PteError(f"{path}: not valid JSON: {exc}") from exc
-    sidecar = Sidecar.from_dict(data, source=str(path))
+    sidecar = Sidecar.from_dict(_read_json(path, PteError), source=str(path))
     with open(pte, "rb") as f:
         header = f.read(8)
     if header[4:8] != PROGRAM_IDENTIFIER:
@@ -173,14 +214,36 @@ def read_sidecar(pte: str | Path, verify: bool = True) -> Sidecar:
             f"{pte}: not an ExecuTorch program (file identifier {header[4:8]!r}, expected {PROGRAM_IDENTIFIER!r})"
         )
     if verify:
-        size = pte.stat().st_size
-        if size != sidecar.pte_bytes:
-            raise PteError(
-                f"{pte}: {size} bytes but its sidecar describes {sidecar.pte_bytes} bytes (truncated, corrupt or "
-                "replaced .pte); export it again"
-            )
-        if file_sha256(pte) != sidecar.pte_sha256:
-            raise PteError(f"{pte}: SHA-256 does not match its sidecar (corrupt or replaced .pte); export it again")
+        verify_file(pte, sidecar.pte_sha256, sidecar.pte_bytes)
+    return sidecar
+
+
+ONNX_SIDECAR = "omni_ros.json"
+
+
+def read_onnx_sidecar(folder: str | Path, verify: bool = True) -> Sidecar:
+    """The sidecar of an ONNX export folder, every listed file checked against it (size, SHA-256) when `verify`."""
+    folder = Path(folder)
+    path = folder / ONNX_SIDECAR
+    if not folder.is_dir():
+        raise OnnxModelError(f"ONNX export not found: {folder} (a folder written by `omni-ros export --target onnx`)")
+    if not path.is_file():
+        raise OnnxModelError(
+            f"{folder}: sidecar {ONNX_SIDECAR} is missing; `omni-ros export --target onnx` writes it next to the "
+            ".onnx files and it holds the config, norm stats and signatures the runtime needs"
+        )
+    sidecar = Sidecar.from_dict(_read_json(path, OnnxModelError), source=str(path), expect=ONNX_FORMAT)
+    missing = [m for m in sidecar.methods if f"{m}.onnx" not in sidecar.files]
+    if missing:
+        raise OnnxModelError(f"{path}: lists no file for methods {missing}")
+    for name, digest in sidecar.files.items():
+        file = folder / name
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise OnnxModelError(f"{path}: file {name!r} is outside the export folder")
+        if not file.is_file():
+            raise OnnxModelError(f"{folder}: {name} is missing (its sidecar lists it); export again")
+        if verify:
+            verify_file(file, digest["sha256"], digest["bytes"], OnnxModelError)
     return sidecar
 
 
@@ -195,6 +258,7 @@ def check_compatible(
     state_dim: int | None = None,
     action_dim: int | None = None,
     executorch_version: str | None = None,
+    error: type[Exception] = PteError,
 ) -> None:
     """Refuse a program exported for other cameras, dims or another ExecuTorch release, naming the difference."""
     cfg = sidecar.model
@@ -212,4 +276,4 @@ def check_compatible(
             "(delegate payloads are tied to the release; re-export with this one)"
         )
     if problems:
-        raise PteError(f"{source} does not match this configuration: " + "; ".join(problems))
+        raise error(f"{source} does not match this configuration: " + "; ".join(problems))

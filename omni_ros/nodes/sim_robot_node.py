@@ -47,10 +47,7 @@ class SimRobotNode(Node):
 
     def __init__(self, config: OmniConfig, node_name: str = "omni_ros_sim", seed: int | None = None, **kwargs) -> None:
         sim = config.sim
-        env = SimEnv(sim)  # invalid sim settings fail here, before any ROS entity exists
-        for name, rate in (("camera_rate_hz", sim.camera_rate_hz), ("joint_state_rate_hz", sim.joint_state_rate_hz)):
-            if not rate > 0:
-                raise ValueError(f"sim.{name} must be positive, got {rate}")
+        env = SimEnv(sim)  # SimConfig checked its settings; the env fails here, before any ROS entity exists
         super().__init__(node_name, **kwargs)
         self.config = config
         self.env = env

@@ -61,8 +61,6 @@ class TtsNode(Node):
     def __init__(
         self, config: TtsConfig, engine: TtsEngine | None = None, node_name: str = "omni_ros_tts", **kwargs
     ) -> None:
-        if config.max_queue < 1 or config.max_text_chars < 1:
-            raise ValueError("tts.max_queue and tts.max_text_chars must be at least 1")
         # Build the engine first: a bad engine or voice fails here, at configure time.
         engine = engine if engine is not None else create_engine(config)
         pipeline = TtsPipeline(engine, config)

@@ -9,14 +9,13 @@
     loading.py     load(path) / from_preset(name) / from_model(model, stats)
     sampler.py, normalize.py, tokenizer.py, layers.py, train.py   shared pieces
 
-`load`, `from_preset` and `from_model` import torch, so they are imported on first use.
+Kept import-light: `omni_ros.config` imports `omni_ros.policy.config`, and the CLI must start without
+loading OpenCV or torch, so the names below are imported on first use.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from omni_ros.policy.base import BasePolicy, Policy, PolicyMetadata
 
 __all__ = ["BasePolicy", "Policy", "PolicyMetadata", "from_model", "from_preset", "load"]
 
@@ -24,6 +23,8 @@ __all__ = ["BasePolicy", "Policy", "PolicyMetadata", "from_model", "from_preset"
 def __getattr__(name: str) -> Any:
     if name in ("load", "from_model", "from_preset"):
         from omni_ros.policy import loading as module
-
-        return getattr(module, name)
-    raise AttributeError(f"module 'omni_ros.policy' has no attribute {name!r}")
+    elif name in ("BasePolicy", "Policy", "PolicyMetadata"):
+        from omni_ros.policy import base as module
+    else:
+        raise AttributeError(f"module 'omni_ros.policy' has no attribute {name!r}")
+    return getattr(module, name)

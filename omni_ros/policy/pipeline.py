@@ -109,7 +109,8 @@ class InferencePipeline(BasePolicy, Generic[InputsT]):
         else:
             one = torch.randn(shape, generator=torch.Generator().manual_seed(self.seed))
             noise = one.expand(batch, *shape).contiguous()
-        return noise.to(self.runner.device, self.runner.dtype)
+        # float32 whatever the model's dtype: the sampler integrates in float32 (see TorchRunner.sample).
+        return noise.to(self.runner.device)
 
     def _given_noise(self, noise: Any, batch: int) -> torch.Tensor:
         shape = self.processor.noise_shape
@@ -128,7 +129,7 @@ class InferencePipeline(BasePolicy, Generic[InputsT]):
             )
         if not np.all(np.isfinite(array)):
             raise ObservationError("noise has non-finite values (NaN/inf)")
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.runner.device, self.runner.dtype)
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.runner.device)
 
     # -- Policy --------------------------------------------------------------------------------------------------
 

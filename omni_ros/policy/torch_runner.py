@@ -9,6 +9,8 @@ Any family's model works here if it has the three inference stages
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -48,13 +50,39 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def compact(inputs: ModelInputs) -> ModelInputs:
+    """The same inputs without the camera slots and trailing prompt tokens that every batch item masks.
+
+    Masked tokens are excluded from every attention and from the RoPE positions (cumsum of the mask), so
+    leaving them out changes no output, only the work: a declared camera the robot lacks is not encoded, and
+    a 15-token prompt padded to 48 (pi0) or 200 (pi0.5) costs 15 tokens. Eager only; exported programs keep
+    their static shapes.
+    """
+    cameras = inputs.image_masks.any(dim=0)
+    if not bool(cameras.any()):
+        return inputs  # nothing to see: keep the shapes, the model's masks take care of it
+    valid = inputs.token_mask.any(dim=0).nonzero()
+    length = int(valid.max()) + 1 if valid.numel() else 1
+    if bool(cameras.all()) and length == inputs.tokens.shape[1]:
+        return inputs
+    return replace(
+        inputs,
+        images=inputs.images[:, cameras],
+        image_masks=inputs.image_masks[:, cameras],
+        tokens=inputs.tokens[:, :length],
+        token_mask=inputs.token_mask[:, :length],
+    )
+
+
 class TorchRunner:
     """Runs an eager model; the model is moved to the device and dtype once, here."""
 
     max_batch = None
     draws_noise = False
 
-    def __init__(self, model: nn.Module, device: str = "cpu", dtype: str = "float32") -> None:
+    def __init__(self, model: nn.Module, device: str = "cpu", dtype: str = "float32", compact: bool = True) -> None:
+        # Leave out what every batch item masks (see `compact`); families whose model needs fixed slots say no.
+        self.compact = compact and getattr(model, "compactable", True)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.model = model.to(self.device, self.dtype).eval()
@@ -67,17 +95,21 @@ class TorchRunner:
     def sample(self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int) -> Sampled:
         if noise is None:
             raise ValueError("the torch runner needs the sampling noise")
-        model = self.model
+        model, dtype = self.model, self.dtype
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            # The Euler state stays float32 (as the reference keeps it): a bfloat16 model sees bfloat16 inputs,
+            # but ten steps of bfloat16 accumulation would cost the chunk its precision.
+            return model.denoise_step(cache, prefix_mask, inputs.state, x.to(dtype), t.to(dtype)).float()
+
         with torch.inference_mode():
             clock = StageClock(self._sync)
+            inputs = compact(inputs) if self.compact else inputs
             prefix, prefix_mask = model.embed_prefix(inputs)
             clock.lap("embed_prefix_ms")
             cache = model.prefill(prefix, prefix_mask)
             clock.lap("prefill_ms")
-            actions = euler_sample(
-                lambda x, t: model.denoise_step(cache, prefix_mask, inputs.state, x, t), noise, num_steps
-            )
-            result = actions.float().cpu().numpy()
+            result = euler_sample(velocity, noise.float(), num_steps).cpu().numpy()
             clock.lap("denoise_ms")
         return Sampled(result, clock.ms)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omni_ros.typed_config import FieldError
+
 # Four raw 1280x720 RGB frames are 11 MB; four 224x224 tiles 0.6 MB.
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -17,6 +19,12 @@ class BatchingConfig:
     max_batch: int = 8
     # How long the first request of a batch waits for company, in milliseconds.
     max_wait_ms: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise FieldError("max_batch", f"must be >= 1, got {self.max_batch}")
+        if self.max_wait_ms < 0:
+            raise FieldError("max_wait_ms", f"must be >= 0, got {self.max_wait_ms}")
 
 
 @dataclass
@@ -43,3 +51,9 @@ class ServeConfig:
     # On shutdown, in-flight requests get this long to finish before connections close.
     drain_timeout_s: float = 10.0
     batching: BatchingConfig = field(default_factory=BatchingConfig)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise FieldError("workers", f"must be >= 1, got {self.workers}")
+        if self.max_message_bytes < 1024:
+            raise FieldError("max_message_bytes", f"must be >= 1024, got {self.max_message_bytes}")

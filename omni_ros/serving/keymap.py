@@ -26,8 +26,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from omni_ros.config import CONFIG_DIR, ConfigError, from_dict, load_config
+from omni_ros.config import CONFIG_DIR
 from omni_ros.observation import ObservationError, ObservationSpec
+from omni_ros.typed_config import ConfigError, from_dict, load_yaml
 
 KEYMAP_DIR = CONFIG_DIR / "keymaps"
 # `keymap: canonical` takes our own layout unchanged (built from the policy's spec).
@@ -296,4 +297,4 @@ def load_keymap(name_or_path: str) -> KeyMap:
     if not path.is_file():
         known = ", ".join([*available_keymaps(), CANONICAL])
         raise ConfigError(f"key map '{name_or_path}' not found ({path}); known key maps: {known}")
-    return KeyMap(load_config(path, KeyMapConfig), source=str(path))
+    return KeyMap(load_yaml(path, KeyMapConfig), source=str(path))

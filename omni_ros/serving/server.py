@@ -13,143 +13,58 @@ Unlike openpi's reference server, inference runs on a thread pool, so the event
 loop keeps answering pings, /healthz and other clients during a slow inference;
 concurrent requests can be batched; messages are capped (default 16 MiB, not
 websockets' 1 MiB); an optional API key is checked in constant time.
+
+The protocol is `PolicyService` (service.py), spoken over a `Transport`; this
+module is its listener on the `websockets` library (ray_serve.py is another).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import hmac
 import http
 import logging
-import os
 import signal
 import threading
-import time
-import traceback
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
-from omni_ros import __version__
-from omni_ros.config import ConfigError
-from omni_ros.observation import ObservationError
 from omni_ros.policy.base import Policy
-from omni_ros.serving.batching import Batcher, BatchInfo
 from omni_ros.serving.config import ServeConfig
 from omni_ros.serving.keymap import KeyMap
-from omni_ros.serving.msgpack_numpy import DecodeError, packb, unpackb
+
+# The protocol itself lives in service.py; these names are imported from here by older code.
+from omni_ros.serving.service import (  # noqa: F401
+    CLIENT_ERRORS,
+    PolicyService,
+    RequestError,
+    check_compatible,
+    resolve_api_key,
+)
+from omni_ros.serving.transport import CloseCode, TransportClosed
 
 logger = logging.getLogger("omni_ros.serve")
 
-# Errors caused by what the client sent, reported without a server traceback.
-CLIENT_ERRORS = (DecodeError, ObservationError)
 
+class PolicyServer(PolicyService):
+    """Serves one policy to any number of OpenPI clients over the `websockets` library."""
 
-class RequestError(ValueError):
-    """The request frame itself is unusable (e.g. a text frame)."""
-
-
-def resolve_api_key(config: ServeConfig) -> str | None:
-    """The key clients must present: `api_key`, else the environment variable `api_key_env`."""
-    if config.api_key:
-        return config.api_key
-    if config.api_key_env:
-        return os.environ.get(config.api_key_env) or None
-    return None
-
-
-def check_compatible(policy: Policy, keymap: KeyMap) -> None:
-    """Fail at start-up, not per request, when the key map cannot feed this policy."""
-    spec = policy.spec
-    extra = [c for c in keymap.camera_names if c not in spec.camera_names]
-    if extra:
-        raise ConfigError(
-            f"key map '{keymap.name}' has camera(s) {extra} the policy lacks "
-            f"(policy cameras: {list(spec.camera_names)})"
-        )
-    if keymap.state_dim != spec.state_dim:
-        raise ConfigError(
-            f"key map '{keymap.name}' assembles a {keymap.state_dim}-D state, the policy expects {spec.state_dim}"
-        )
-    if keymap.action_dim is not None and keymap.action_dim != policy.metadata.action_dim:
-        raise ConfigError(
-            f"key map '{keymap.name}' expects {keymap.action_dim}-D actions, "
-            f"the policy produces {policy.metadata.action_dim}"
-        )
-
-
-class PolicyServer:
-    """Serves one policy to any number of OpenPI clients."""
-
-    def __init__(
-        self,
-        policy: Policy,
-        config: ServeConfig | None = None,
-        keymap: KeyMap | None = None,
-        extra_metadata: dict[str, Any] | None = None,
-    ) -> None:
-        self.policy = policy
-        self.config = config or ServeConfig()
-        self.keymap = keymap or KeyMap.canonical(policy.spec)
-        check_compatible(policy, self.keymap)
-        if self.config.workers < 1:
-            raise ConfigError(f"serve.workers: must be >= 1, got {self.config.workers}")
-        if self.config.max_message_bytes < 1024:
-            raise ConfigError(f"serve.max_message_bytes: must be >= 1024, got {self.config.max_message_bytes}")
-        self._api_key = resolve_api_key(self.config)
-        batching = self.config.batching
-        self.metadata: dict[str, Any] = {
-            **policy.metadata.to_dict(),
-            "server": "omni_ros",
-            "server_version": __version__,
-            "keymap": self.keymap.describe(),
-            "batching": {"enabled": batching.enabled, "max_batch": batching.max_batch},
-            "max_message_bytes": self.config.max_message_bytes,
-            **(extra_metadata or {}),
-        }
-        self._metadata_frame = packb(self.metadata)
-        self._executor: ThreadPoolExecutor | None = None
-        self._batcher: Batcher | None = None
-        self._server: Server | None = None
-        self._busy: set[ServerConnection] = set()
-        self._open = 0  # connections whose handler runs
-        self._draining = False
-        self.port: int | None = None
-        self.requests_served = 0
-        # Requests whose client left before the reply (their result was dropped).
-        self.abandoned = 0
+    # Set by start(): the listening server and its port (0 in the config picks one).
+    _server: Server | None = None
+    port: int | None = None
 
     @property
     def url(self) -> str:
         return f"ws://{self.config.host}:{self.port}"
 
-    @property
-    def batcher(self) -> Batcher | None:
-        return self._batcher
-
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
         """Bind and start accepting connections (port 0 picks a free port, see `.port`)."""
-        self._executor = ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="omni-serve-infer")
-        batching = self.config.batching
-        if batching.enabled:
-            self._batcher = Batcher(
-                self.policy.infer,
-                self.policy.infer_batch,
-                self._executor,
-                batching.max_batch,
-                batching.max_wait_ms,
-                idle_clients=lambda: self._open - len(self._busy),
-            )
-            self._batcher.start()
+        self.start_inference()
         self._server = await serve(
-            self._handle,
+            self._handle_websocket,
             self.config.host,
             self.config.port,
             process_request=self._process_request,
@@ -168,20 +83,15 @@ class PolicyServer:
         if self._server is None:
             return
         server, self._server = self._server, None
-        self._draining = True
         server.close(close_connections=False)
-        idle = [c for c in server.connections if c not in self._busy]
-        await asyncio.gather(*(c.close(CloseCode.GOING_AWAY, "server shutting down") for c in idle))
+        await self.close_idle()
         try:
             await asyncio.wait_for(server.wait_closed(), self.config.drain_timeout_s)
         except TimeoutError:
             logger.warning("in-flight requests did not finish within %.1f s; closing", self.config.drain_timeout_s)
             for conn in list(server.connections):
                 conn.transport.abort()
-        if self._batcher is not None:
-            await self._batcher.close()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        await self.stop_inference()
         logger.info("server stopped after %d requests", self.requests_served)
 
     async def serve_forever(self, stop: asyncio.Event | None = None) -> None:
@@ -207,115 +117,44 @@ class PolicyServer:
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?", 1)[0] == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
-        if self._api_key is not None:
-            given = request.headers.get("Authorization", "")
-            expected = f"Api-Key {self._api_key}"
-            if not hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8")):
-                logger.warning("rejected %s: missing or wrong API key", connection.remote_address)
-                response = connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong API key\n")
-                response.headers["WWW-Authenticate"] = "Api-Key"
-                return response
+        if not self.authorized(request.headers):
+            logger.warning("rejected %s: missing or wrong API key", connection.remote_address)
+            response = connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong API key\n")
+            response.headers["WWW-Authenticate"] = "Api-Key"
+            return response
         return None
 
     # -- one connection ----------------------------------------------------------
 
-    async def _handle(self, conn: ServerConnection) -> None:
+    async def _handle_websocket(self, conn: ServerConnection) -> None:
+        await self.handle(WebsocketsTransport(conn))
+
+
+class WebsocketsTransport:
+    """A `websockets` server connection as a `Transport`."""
+
+    def __init__(self, conn: ServerConnection) -> None:
+        self._conn = conn
         host, port = conn.remote_address[:2]
-        peer = f"{host}:{port}"
-        logger.info("client %s connected", peer)
-        prev_total_ms: float | None = None
-        count = 0
-        self._open += 1
-        try:
-            await conn.send(self._metadata_frame)
-            while True:
-                message = await conn.recv()
-                if self._draining:
-                    await conn.close(CloseCode.GOING_AWAY, "server shutting down")
-                    return
-                start = time.monotonic()
-                self._busy.add(conn)
-                try:
-                    reply = await self._serve_one(conn, message, prev_total_ms)
-                except ConnectionClosed:
-                    raise
-                except Exception as exc:
-                    await self._send_error(conn, peer, exc)
-                    return
-                finally:
-                    self._busy.discard(conn)
-                if reply is None:  # the client went away mid-inference
-                    self.abandoned += 1
-                    logger.info("client %s left during inference", peer)
-                    return
-                await conn.send(reply)
-                count += 1
-                self.requests_served += 1
-                prev_total_ms = (time.monotonic() - start) * 1000.0
-                logger.debug("client %s request %d: %.1f ms", peer, count, prev_total_ms)
-                if self._draining:
-                    await conn.close(CloseCode.GOING_AWAY, "server shutting down")
-                    return
-        except ConnectionClosed:
-            pass
-        finally:
-            self._open -= 1
-            logger.info("client %s disconnected after %d requests", peer, count)
+        self.peer = f"{host}:{port}"
 
-    async def _serve_one(
-        self, conn: ServerConnection, message: str | bytes, prev_total_ms: float | None
-    ) -> bytes | None:
-        if isinstance(message, str):
-            raise RequestError("expected a binary msgpack frame, got a text frame")
-        request = unpackb(message)
-        # Explicit flow-matching noise (openpi's `Policy.infer(obs, noise=...)`), announced by `noise_shape`.
-        noise = request.pop("noise", None) if isinstance(request, dict) else None
-        raw = self.keymap.to_raw(request)
-        start = time.monotonic()
-        inference = asyncio.ensure_future(self._infer(raw, noise))
-        closed = asyncio.ensure_future(conn.wait_closed())
+    async def recv(self) -> bytes | str:
         try:
-            await asyncio.wait({inference, closed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            closed.cancel()
-        if not inference.done():
-            # Nobody will read the reply: drop it (a queued request is never run).
-            inference.cancel()
-            return None
-        result, info = inference.result()
-        infer_ms = (time.monotonic() - start) * 1000.0
-        if not isinstance(result, dict) or "actions" not in result:
-            raise TypeError(f"policy returned {type(result).__name__} without 'actions'; expected a dict")
-        reply = dict(result)
-        server_timing: dict[str, Any] = {"infer_ms": infer_ms}
-        if prev_total_ms is not None:
-            server_timing["prev_total_ms"] = prev_total_ms
-        if info is not None:
-            server_timing.update(batch_size=info.batch_size, queue_ms=info.queue_ms)
-        reply.setdefault("policy_timing", {"infer_ms": info.infer_ms if info is not None else infer_ms})
-        reply["server_timing"] = server_timing
-        return packb(reply)
+            return await self._conn.recv()
+        except ConnectionClosed as exc:
+            raise TransportClosed(str(exc)) from exc
 
-    async def _infer(self, raw: dict[str, Any], noise: Any = None) -> tuple[dict[str, Any], BatchInfo | None]:
-        if self._batcher is not None and noise is None:
-            return await self._batcher.submit(raw)
-        loop = asyncio.get_running_loop()
-        call = self.policy.infer if noise is None else functools.partial(self.policy.infer, noise=noise)
-        return await loop.run_in_executor(self._executor, call, raw), None
-
-    async def _send_error(self, conn: ServerConnection, peer: str, exc: Exception) -> None:
-        if isinstance(exc, (*CLIENT_ERRORS, RequestError)):
-            text = f"invalid request: {exc}"
-            logger.warning("client %s: %s", peer, text)
-        else:
-            tb = "".join(traceback.format_exception(exc))
-            text = f"policy error: {type(exc).__name__}: {exc}\n\n{tb}"
-            logger.error("client %s: inference failed\n%s", peer, tb)
+    async def send(self, message: bytes | str) -> None:
         try:
-            await conn.send(text)
-            await conn.close(CloseCode.INTERNAL_ERROR, "request failed; reason in the previous frame")
-        except ConnectionClosed:
-            pass
+            await self._conn.send(message)
+        except ConnectionClosed as exc:
+            raise TransportClosed(str(exc)) from exc
+
+    async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
+        await self._conn.close(code, reason)
+
+    async def wait_closed(self) -> None:
+        await self._conn.wait_closed()
 
 
 class ServerThread:

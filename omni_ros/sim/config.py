@@ -4,6 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omni_ros.typed_config import FieldError
+
+# The views the renderer draws (omni_ros.sim.render).
+CAMERAS = ("base", "wrist")
+# The block colors, RGB: far apart from each other and from the table, floor and arm colors so a pixel's
+# color says what it shows. They live here because a config may name only these.
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 50),
+    "blue": (30, 70, 230),
+    "yellow": (240, 210, 20),
+    "purple": (150, 40, 190),
+    "orange": (250, 130, 10),
+    "cyan": (20, 200, 220),
+}
+
 
 @dataclass
 class SimConfig:
@@ -31,7 +47,7 @@ class SimConfig:
     image_height: int = 224
     camera_rate_hz: float = 30.0
     joint_state_rate_hz: float = 50.0
-    # Colors the blocks are drawn from (see omni_ros.sim.scene.COLORS).
+    # Colors the blocks are drawn from (see COLORS).
     block_colors: list[str] = field(default_factory=lambda: ["red", "green", "blue", "yellow"])
     n_blocks: int = 3
     # Edge length of a block, metres.
@@ -50,3 +66,41 @@ class SimConfig:
     prompt_topic: str = "/omni_ros/prompt"
     episode_topic: str = "/sim/episode"
     reset_service: str = "/sim/reset"
+
+    def __post_init__(self) -> None:
+        n = self.n_joints
+        if n < 1:
+            raise FieldError("n_joints", f"must be >= 1, got {n}")
+        if len(self.link_lengths) != n:
+            raise FieldError("link_lengths", f"has {len(self.link_lengths)} values for {n} joints (sim.n_joints)")
+        if not all(length > 0 for length in self.link_lengths):
+            raise FieldError("link_lengths", f"must be positive, got {self.link_lengths}")
+        for key in ("joint_lower", "joint_upper", "home"):
+            values = getattr(self, key)
+            if len(values) not in (1, n) and not (key == "home" and not values):
+                raise FieldError(key, f"has {len(values)} values; expected 1 or {n} (one per joint)")
+        lower = self.joint_lower * (n // len(self.joint_lower))
+        upper = self.joint_upper * (n // len(self.joint_upper))
+        if any(lo >= hi for lo, hi in zip(lower, upper, strict=True)):
+            raise FieldError("joint_lower", f"must be below joint_upper: {self.joint_lower} vs {self.joint_upper}")
+        if self.joint_names and len(self.joint_names) != n:
+            raise FieldError("joint_names", f"has {len(self.joint_names)} names for {n} joints")
+        for key in ("max_joint_velocity", "time_constant", "camera_rate_hz", "joint_state_rate_hz"):
+            if not getattr(self, key) > 0:
+                raise FieldError(key, f"must be positive, got {getattr(self, key)}")
+        unknown = [c for c in self.cameras if c not in CAMERAS]
+        if unknown:
+            raise FieldError("cameras", f"lists unknown cameras {unknown}; available: {list(CAMERAS)}")
+        if not self.cameras:
+            raise FieldError("cameras", f"is empty; name at least one of {list(CAMERAS)}")
+        for key in ("image_width", "image_height"):
+            if getattr(self, key) < 16:
+                raise FieldError(key, f"must be at least 16 pixels, got {getattr(self, key)}")
+        unknown = [c for c in self.block_colors if c not in COLORS]
+        if unknown:
+            raise FieldError("block_colors", f"lists unknown block colors {unknown}; known: {sorted(COLORS)}")
+        if not 1 <= self.n_blocks <= len(self.block_colors):
+            raise FieldError(
+                "n_blocks",
+                f"must be between 1 and {len(self.block_colors)} (the number of block_colors), got {self.n_blocks}",
+            )

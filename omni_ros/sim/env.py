@@ -43,9 +43,7 @@ class SimEnv:
 
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config = config = config or SimConfig()
-        n = config.n_joints
-        if len(config.link_lengths) != n:
-            raise ValueError(f"sim.link_lengths has {len(config.link_lengths)} values for {n} joints")
+        n = config.n_joints  # SimConfig checked the per-joint lists against it
         self.arm = PlanarArm(
             config.link_lengths,
             broadcast_per_joint(config.joint_lower, n, "sim.joint_lower"),
@@ -54,10 +52,7 @@ class SimEnv:
             max_velocity=config.max_joint_velocity,
         )
         self.home = broadcast_per_joint(config.home, n, "sim.home") if config.home else default_home(n)
-        names = list(config.joint_names) or [f"joint_{i}" for i in range(1, n + 1)]
-        if len(names) != n:
-            raise ValueError(f"sim.joint_names has {len(names)} names for {n} joints")
-        self.joint_names = names
+        self.joint_names = list(config.joint_names) or [f"joint_{i}" for i in range(1, n + 1)]
         self.renderer = Renderer(config.cameras, config.image_width, config.image_height)
         self.time = 0.0
         self.scene: Scene | None = None

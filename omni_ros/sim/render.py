@@ -16,9 +16,9 @@ import cv2
 import numpy as np
 
 from omni_ros.sim.arm import PlanarArm
+from omni_ros.sim.config import CAMERAS
 from omni_ros.sim.scene import FLOOR_RGB, TABLE_RGB, TABLE_X, TABLE_Y, Scene
 
-CAMERAS = ("base", "wrist")
 LINK_RGB = (125, 128, 140)
 JOINT_RGB = (35, 35, 40)
 GRIPPER_RGB = (235, 235, 235)

@@ -8,17 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# RGB, far apart from each other and from the table, floor and arm colors so a
-# pixel's color says what it shows.
-COLORS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
-    "green": (30, 170, 50),
-    "blue": (30, 70, 230),
-    "yellow": (240, 210, 20),
-    "purple": (150, 40, 190),
-    "orange": (250, 130, 10),
-    "cyan": (20, 200, 220),
-}
+from omni_ros.sim.config import COLORS
+
 TABLE_RGB = (196, 170, 130)
 FLOOR_RGB = (60, 60, 66)
 

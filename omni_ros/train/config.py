@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni_ros.typed_config import FieldError
+
 
 @dataclass
 class TrainConfig:
@@ -38,3 +40,19 @@ class TrainConfig:
     # Write the checkpoint and the resumable training state every this many steps.
     checkpoint_every: int = 500
     log_every: int = 50
+
+    def __post_init__(self) -> None:
+        # The loop divides by these and draws batches of this size.
+        for key in ("batch_size", "checkpoint_every", "log_every"):
+            if getattr(self, key) < 1:
+                raise FieldError(key, f"must be >= 1, got {getattr(self, key)}")
+        for key in ("steps", "warmup_steps", "threads"):
+            if getattr(self, key) < 0:
+                raise FieldError(key, f"must be >= 0, got {getattr(self, key)}")
+        if not self.lr > 0:
+            raise FieldError("lr", f"must be positive, got {self.lr}")
+        if not 0.0 <= self.final_lr_fraction <= 1.0:
+            raise FieldError("final_lr_fraction", f"is a fraction of lr, 0..1; got {self.final_lr_fraction}")
+        for key in ("weight_decay", "state_noise", "goal_weight"):
+            if getattr(self, key) < 0:
+                raise FieldError(key, f"must be >= 0, got {getattr(self, key)}")

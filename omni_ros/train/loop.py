@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_ros.config import to_dict
 from omni_ros.errors import OmniRosError
 from omni_ros.policy.layouts.omni import load_checkpoint, save_checkpoint
 from omni_ros.policy.normalize import NormStats
@@ -31,6 +30,7 @@ from omni_ros.policy.train import Trainer
 from omni_ros.progress import Progress
 from omni_ros.train.config import TrainConfig
 from omni_ros.train.data import TileDataset, load_tiles
+from omni_ros.typed_config import to_dict
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.jsonl"

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from omni_ros.typed_config import FieldError
+
+# Sample formats of the published audio (the Literal of TtsConfig.output_encoding spells the same).
+ENCODINGS = ("S16LE", "F32LE")
+
 
 @dataclass
 class TtsScheduleConfig:
@@ -24,6 +29,19 @@ class TtsScheduleConfig:
     min_chunk_ms: float = 20.0
     # Adaptive mode plans for synthesis this much slower than measured.
     safety_margin: float = 0.25
+
+    def __post_init__(self) -> None:
+        sizes = {"first_chunk_ms": self.first_chunk_ms, "steady_chunk_ms": self.steady_chunk_ms}
+        sizes |= {"min_chunk_ms": self.min_chunk_ms} | {f"ramp_ms[{i}]": ms for i, ms in enumerate(self.ramp_ms)}
+        for key, ms in sizes.items():
+            if not ms > 0:
+                raise FieldError(key, f"must be positive (a chunk size in ms), got {ms}")
+        if self.safety_margin < 0:
+            raise FieldError("safety_margin", f"must be >= 0, got {self.safety_margin}")
+        if self.min_chunk_ms > self.steady_chunk_ms:
+            raise FieldError(
+                "min_chunk_ms", f"must not exceed steady_chunk_ms, got {self.min_chunk_ms} > {self.steady_chunk_ms}"
+            )
 
 
 @dataclass
@@ -67,3 +85,18 @@ class TtsConfig:
     wav_dir: str | None = None
     # Play on the local audio device (aplay) when one exists.
     playback: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.rate > 0:
+            raise FieldError("rate", f"must be positive, got {self.rate}")
+        if self.output_sample_rate < 0:
+            raise FieldError(
+                "output_sample_rate", f"must be >= 0 (0 keeps the engine's rate), got {self.output_sample_rate}"
+            )
+        if self.output_encoding not in ENCODINGS:
+            raise FieldError("output_encoding", f"must be one of {ENCODINGS}, got {self.output_encoding!r}")
+        if not 1 <= self.output_channels <= 8:
+            raise FieldError("output_channels", f"must be within 1-8, got {self.output_channels}")
+        for key in ("max_queue", "max_text_chars"):
+            if getattr(self, key) < 1:
+                raise FieldError(key, f"must be at least 1, got {getattr(self, key)}")

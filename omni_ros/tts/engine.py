@@ -68,6 +68,4 @@ def create_engine(config: TtsConfig) -> TtsEngine:
             raise TtsError(f"unknown TTS engine '{name}'; known engines: {known}")
         module, attr = target.split(":")
         factory = getattr(importlib.import_module(module), attr)
-    if config.rate <= 0:
-        raise TtsError(f"tts.rate must be positive, got {config.rate}")
     return factory(config)

@@ -18,8 +18,8 @@ import numpy as np
 from omni_ros.tts.config import TtsConfig
 from omni_ros.tts.engine import TtsEngine
 from omni_ros.tts.playback import PlaybackClock
-from omni_ros.tts.resample import ENCODINGS, StreamResampler
-from omni_ros.tts.scheduler import Chunk, ChunkScheduler, validate_schedule
+from omni_ros.tts.resample import StreamResampler
+from omni_ros.tts.scheduler import Chunk, ChunkScheduler
 
 _POLL_S = 0.005
 
@@ -53,22 +53,10 @@ class UtteranceStats:
         return d
 
 
-def check_output(config: TtsConfig) -> None:
-    """Raise ValueError for an output format or schedule that cannot work."""
-    if config.output_sample_rate < 0:
-        raise ValueError(f"tts.output_sample_rate must be >= 0, got {config.output_sample_rate}")
-    if config.output_encoding not in ENCODINGS:
-        raise ValueError(f"tts.output_encoding must be one of {ENCODINGS}")
-    if not 1 <= config.output_channels <= 8:
-        raise ValueError(f"tts.output_channels must be within 1-8, got {config.output_channels}")
-    validate_schedule(config.schedule)
-
-
 class TtsPipeline:
     """Streams scheduled chunks of one utterance at a time from `engine`."""
 
     def __init__(self, engine: TtsEngine, config: TtsConfig, clock: Callable[[], float] = time.monotonic) -> None:
-        check_output(config)
         self.engine = engine
         self.config = config
         self.clock = clock

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-ENCODINGS = ("S16LE", "F32LE")
+from omni_ros.tts.config import ENCODINGS
 
 
 def _kaiser_beta(attenuation_db: float) -> float:

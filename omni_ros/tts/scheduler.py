@@ -37,24 +37,12 @@ class Chunk:
     final: bool
 
 
-def validate_schedule(config: TtsScheduleConfig) -> None:
-    """Raise ValueError for a schedule that cannot work."""
-    sizes = [config.first_chunk_ms, config.steady_chunk_ms, config.min_chunk_ms, *config.ramp_ms]
-    if any(s <= 0 for s in sizes):
-        raise ValueError(f"tts.schedule chunk sizes must be positive, got {sizes}")
-    if config.safety_margin < 0:
-        raise ValueError(f"tts.schedule.safety_margin must be >= 0, got {config.safety_margin}")
-    if config.min_chunk_ms > config.steady_chunk_ms:
-        raise ValueError("tts.schedule.min_chunk_ms must not exceed steady_chunk_ms")
-
-
 class ChunkScheduler:
-    """Re-chunks int16 blocks at `sample_rate` following a TtsScheduleConfig."""
+    """Re-chunks int16 blocks at `sample_rate` following a TtsScheduleConfig (which checks its own sizes)."""
 
     def __init__(
         self, config: TtsScheduleConfig, sample_rate: int, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        validate_schedule(config)
         self.config = config
         self.sample_rate = sample_rate
         self.clock = clock

@@ -52,7 +52,7 @@ class Harness:
         from rclpy.node import Node
 
         self.peer = Node("robot_peer", context=self.context)
-        self.inputs = Inputs()
+        self.inputs = Inputs(joints=list(cfg.robot.joint_names))
         self.chunks: list[ActionChunk] = []
         self.commands: list[JointTrajectory] = []
         self.statuses: list[PolicyStatus] = []

@@ -1,4 +1,7 @@
-"""Exported tiny `.pte` files shared by the export tests of one pytest session (lowering is the slow part)."""
+"""Exported tiny policies (`.pte` files, ONNX folders; the tiny SmolVLA fixture too) shared by the export tests of one pytest session.
+
+Lowering, tracing and quantizing are the slow part: each variant is exported once per session, on first use.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +12,16 @@ _lock = threading.Lock()
 
 # tiny shaped for the simulated arm (cameras base + wrist, 3 joints), so one program serves every test.
 ARM = {"state_dim": 3, "action_dim": 3}
+STAGED = ("encode_images", "prefill", "denoise_step")
 # name -> export_preset keyword arguments. Staged methods only where the fused loop is not under test.
 VARIANTS = {
     "fp32": {**ARM, "quantize": "none"},
-    "int8": {**ARM, "quantize": "int8-dynamic", "methods": ("encode_images", "prefill", "denoise_step")},
+    "int8": {**ARM, "quantize": "int8-dynamic", "methods": STAGED},
+    # ONNX folders: float32 for ONNX Runtime; int16-activation QDQ for Qualcomm's HTP (calibrated on the simulator,
+    # compiled for the default SoC).
+    "onnx": {**ARM, "target": "onnx"},
+    "qnn16": {**ARM, "target": "qnn-onnx", "methods": STAGED, "calibration": "sim"},
 }
-
-
 # The tiny LeRobot SmolVLA fixture: name -> export_checkpoint keyword arguments. The fused loop is exported with
 # one Euler step (its graph unrolls them: more would only make lowering slower), compared with one eager step.
 SMOLVLA_VARIANTS = {
@@ -24,33 +30,45 @@ SMOLVLA_VARIANTS = {
 }
 
 
+def exported_tiny(base: Path, variant: str) -> Path:
+    """Path of the tiny preset (weights seed 0) exported as `variant`, exported once per session."""
+    import torch
+
+    from omni_ros.export.exporter import export_preset
+
+    kwargs = dict(VARIANTS[variant])
+    onnx = kwargs.get("target") in ("onnx", "qnn-onnx")
+    out = base / "pte" / (f"tiny_{variant}" if onnx else f"tiny_{variant}.pte")
+    done = out / "omni_ros.json" if onnx else out
+    if kwargs.get("target") == "qnn-onnx":
+        from omni_ros.export.qnn import QnnOptions
+
+        kwargs["qnn"] = QnnOptions(precision="16a8w", calibration_samples=8)
+    _once(done, lambda: export_preset("tiny", out, **kwargs))
+    return out
+
+
 def exported_smolvla(base: Path, checkpoint: Path, variant: str) -> Path:
     """Path of the SmolVLA fixture exported to XNNPACK as `variant`, exported once per session."""
     from omni_ros.export.exporter import export_checkpoint
 
-    return _once(base / "pte" / f"smolvla_{variant}.pte", export_checkpoint, checkpoint, **SMOLVLA_VARIANTS[variant])
+    out = base / "pte" / f"smolvla_{variant}.pte"
+    _once(out, lambda: export_checkpoint(checkpoint, out, **SMOLVLA_VARIANTS[variant]))
+    return out
 
 
-def exported_tiny(base: Path, variant: str) -> Path:
-    """Path of the tiny preset (weights seed 0) exported to XNNPACK as `variant`, exported once per session."""
-    from omni_ros.export.exporter import export_preset
-
-    return _once(base / "pte" / f"tiny_{variant}.pte", export_preset, "tiny", **VARIANTS[variant])
-
-
-def _once(pte: Path, export, source, **kwargs) -> Path:
-    """`export(source, pte, **kwargs)` unless this session already wrote `pte` (on one torch thread)."""
+def _once(done: Path, export) -> None:
+    """Run `export()` (on one torch thread) unless this session already wrote `done`."""
     import torch
 
     with _lock:
-        if not pte.exists():
+        if not done.exists():
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                export(source, pte, **kwargs)
+                export()
             finally:
                 torch.set_num_threads(threads)
-    return pte
 
 
 class CountingMethod:

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from omni_ros.config import ConfigError
 from omni_ros.policy.layouts.common import Checkpoint, CheckpointError
 from omni_ros.policy.layouts.weights import Placement, SafetensorsFile, load_weights
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pi0.configuration import ModelConfig
 from omni_ros.policy.pi0.modeling import Pi0Model
 from omni_ros.policy.tokenizer import make_tokenizer
+from omni_ros.typed_config import ConfigError
 
 FORMAT = "omni_ros.pi0.v1"
 

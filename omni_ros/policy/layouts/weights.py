@@ -180,4 +180,5 @@ def _materialize(file: SafetensorsFile, shape, parts, dtype: torch.dtype) -> tor
 def _bind(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
     module_name, _, leaf = name.rpartition(".")
     module = model.get_submodule(module_name) if module_name else model
-    module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+    # Trainable, as a freshly built model is (resuming training from a checkpoint needs the gradients).
+    module._parameters[leaf] = nn.Parameter(tensor, requires_grad=tensor.is_floating_point())

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from omni_ros.config import from_dict, to_dict
 from omni_ros.observation import ObservationSpec
 from omni_ros.policy.base import PolicyMetadata
 from omni_ros.policy.tokenizer import TokenizerConfig
+from omni_ros.typed_config import from_dict, to_dict
 
 
 @dataclass

@@ -1,0 +1,180 @@
+"""omni_ros vs LeRobot on the very same pi0 weights, observation and noise, side by side in one run.
+
+    .venv/bin/python bench/vs_lerobot.py [--threads 1 2] [--runs 5] [--work-dir DIR] [--no-int8] [--out FILE]
+
+The edge-size pi0 (2 cameras at 480x640 -> 224 px tiles, SigLIP 384 x 6, VLM 512 x 6, expert 256 x 6,
+horizon 50, 10 steps) is built with seeded random weights by LeRobot 0.6.1 itself and saved with its
+`save_pretrained` (`scripts/lerobot_bench.py`, run in the LeRobot venv that `make reference-fixtures`
+makes: .venv-lerobot or $LEROBOT_VENV). For each thread count, one after the other in fresh processes:
+LeRobot's observation -> chunk (its pre-processor, `predict_action_chunk`, post-processor), omni_ros eager
+(`omni_ros.policy.load` on the same folder) and the same folder exported to ExecuTorch XNNPACK int8. Prints
+one JSON document: medians, per-stage times, ratios to LeRobot, the actions' agreement (same noise) and the
+targets (eager <= 0.8x LeRobot's time, int8 <= 0.4x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import emit, median_ms
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "pi0_edge"
+
+
+def lerobot_python(venv: str | None) -> Path:
+    venv_dir = Path(venv or os.environ.get("LEROBOT_VENV") or ROOT / ".venv-lerobot")
+    python = venv_dir / "bin" / "python"
+    if not python.is_file():
+        sys.exit(f"no LeRobot venv at {venv_dir}: run `make reference-fixtures` (it makes one) or pass --lerobot-venv")
+    return python
+
+
+def run_json(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def inputs(work: Path) -> tuple[dict[str, Any], Any]:
+    """The observation (our camera names) and the noise LeRobot used."""
+    from safetensors.numpy import load_file
+
+    meta = json.loads((work / f"{NAME}_inputs.json").read_text())
+    tensors = load_file(work / f"{NAME}_inputs.safetensors")
+    images = {k.removeprefix("observation.images."): tensors[k] for k in meta["cameras"]}
+    return {"images": images, "state": tensors["observation.state"], "prompt": meta["prompt"]}, tensors["noise"][0]
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """One implementation in this fresh process: cold start, median latency, stages, first actions."""
+    t0 = time.perf_counter()
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(args.threads)
+    work = Path(args.work_dir)
+    obs, noise = inputs(work)
+    start = time.perf_counter()
+    if args.worker == "eager":
+        import omni_ros.policy
+
+        policy = omni_ros.policy.load(work / NAME)
+    else:
+        from omni_ros.backends.executorch_runner import load_pte
+
+        policy = load_pte(args.pte, num_threads=args.threads)
+    load_s = time.perf_counter() - start
+    first = policy.infer(obs, noise=noise)
+    cold = time.perf_counter() - t0
+    timings: list[dict[str, float]] = []
+
+    def once() -> None:
+        timings.append(policy.infer(obs, noise=noise)["policy_timing"])
+
+    result = {
+        "cold_start_s": round(cold, 2),
+        "load_s": round(load_s, 2),
+        "latency_ms": median_ms(once, args.runs, warmup=1),
+        "stages_ms": {k: round(float(np.median([t[k] for t in timings])), 1) for k in timings[0] if k.endswith("_ms")},
+        "actions": np.asarray(first["actions"]).tolist(),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+    return result
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--work-dir", default="/tmp/omni_vs_lerobot", help="LeRobot's saved policy and inputs")
+    parser.add_argument("--lerobot-venv", help="the LeRobot venv (default .venv-lerobot or $LEROBOT_VENV)")
+    parser.add_argument("--no-int8", action="store_true", help="skip the ExecuTorch int8 export and run")
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--worker", choices=["eager", "pte"], help=argparse.SUPPRESS)
+    parser.add_argument("--pte", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.threads = args.threads[0]
+        print(json.dumps(worker(args)))
+        return 0
+
+    import numpy as np
+
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    python = lerobot_python(args.lerobot_venv)
+    bench_script = str(ROOT / "scripts" / "lerobot_bench.py")
+    report: dict[str, Any] = {
+        "benchmark": "vs_lerobot",
+        "policy": "pi0 edge (2 x 480x640 cameras -> 224 px, SigLIP 384x6, VLM 512x6, expert 256x6, H 50, 10 steps)",
+        "machine": {"cpu": platform.processor() or platform.machine(), "load_average": os.getloadavg()},
+        "threads": {},
+    }
+    pte = work / f"{NAME}_int8.pte"
+    for threads in args.threads:
+        print(f"[bench] {threads} thread(s): LeRobot ...", file=sys.stderr, flush=True)
+        lerobot = run_json([str(python), bench_script, "--policy", "pi0", "--threads", str(threads),
+                            "--out", str(work), "--runs", str(args.runs)])  # fmt: skip
+        if not args.no_int8 and not pte.exists():
+            print("[bench] exporting the LeRobot folder to XNNPACK int8 ...", file=sys.stderr, flush=True)
+            subprocess.run([sys.executable, "-m", "omni_ros.cli", "export", "--checkpoint", str(work / NAME),
+                            "--quantize", "int8-dynamic", "--out", str(pte),
+                            "--methods", "encode_images", "prefill", "denoise_step"], check=True, cwd=ROOT)  # fmt: skip
+        own = [sys.executable, __file__, "--work-dir", str(work), "--threads", str(threads), "--runs", str(args.runs)]
+        print(f"[bench] {threads} thread(s): omni_ros eager ...", file=sys.stderr, flush=True)
+        eager = run_json([*own, "--worker", "eager"])
+        row: dict[str, Any] = {
+            "lerobot_ms": round(lerobot["latency_ms"], 1),
+            "lerobot_stages_ms": {k: round(v["median_ms"], 1) for k, v in lerobot["stages"].items()},
+            "lerobot_cold_start_s": round(lerobot["cold_start"]["total_s"], 2),
+            "lerobot_peak_rss_mb": round(lerobot["peak_rss_mb"], 1),
+            "omni_eager": {k: v for k, v in eager.items() if k != "actions"},
+            "eager_over_lerobot": round(eager["latency_ms"] / lerobot["latency_ms"], 3),
+            # Same weights, observation and noise: the first action row must agree (LeRobot stores that row).
+            "eager_first_row_max_abs_vs_lerobot": float(
+                np.abs(np.asarray(eager["actions"][0]) - np.asarray(lerobot["actions_first_row"])).max()
+            ),
+        }
+        if not args.no_int8:
+            print(f"[bench] {threads} thread(s): omni_ros ExecuTorch int8 ...", file=sys.stderr, flush=True)
+            int8 = run_json([*own, "--worker", "pte", "--pte", str(pte)])
+            row["omni_int8"] = {k: v for k, v in int8.items() if k != "actions"}
+            row["int8_over_lerobot"] = round(int8["latency_ms"] / lerobot["latency_ms"], 3)
+            row["int8_max_abs_vs_eager"] = float(
+                np.abs(np.asarray(int8["actions"]) - np.asarray(eager["actions"])).max()
+            )
+        report["threads"][str(threads)] = row
+    report["targets"] = {
+        f"eager_at_most_0.8x_lerobot_{t}_threads": r["eager_over_lerobot"] <= 0.8 for t, r in report["threads"].items()
+    }
+    if not args.no_int8:
+        report["targets"].update(
+            {
+                f"int8_at_most_0.4x_lerobot_{t}_threads": r["int8_over_lerobot"] <= 0.4
+                for t, r in report["threads"].items()
+            }
+        )
+    report["machine"]["load_average_after"] = os.getloadavg()
+    emit(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
