@@ -97,7 +97,7 @@ def export_policy(
     start = time.perf_counter()
     if target in ("onnx", "qnn-onnx"):
         if plan.family != "pi0":
-            raise ValueError(f"--target {target} exports pi0-family models only; export a {plan.family} model to a .pte")
+            raise ValueError(f"--target {target} exports pi0-family models only; export {plan.family} to a .pte")
         return _export_onnx(model, norm_stats, out, target, methods, steps, name, tokenizer_file, qnn, calibration)
     timings: dict[str, float] = {}
     work = use_export_forms(copy.deepcopy(model).float().eval())

@@ -1,4 +1,4 @@
-"""Exported tiny policies (`.pte` files, ONNX folders; the tiny SmolVLA fixture too) shared by the export tests of one pytest session.
+"""Exported tiny policies (`.pte` files, ONNX folders, the tiny SmolVLA fixture) shared by one session's export tests.
 
 Lowering, tracing and quantizing are the slow part: each variant is exported once per session, on first use.
 """
@@ -32,7 +32,6 @@ SMOLVLA_VARIANTS = {
 
 def exported_tiny(base: Path, variant: str) -> Path:
     """Path of the tiny preset (weights seed 0) exported as `variant`, exported once per session."""
-    import torch
 
     from omni_ros.export.exporter import export_preset
 
