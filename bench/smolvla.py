@@ -1,7 +1,7 @@
 """Full-size SmolVLA on this CPU: LeRobot 0.6.1 vs omni_ros eager fp32, XNNPACK fp32 and int8, one run, same weights.
 
     .venv/bin/python bench/smolvla.py [--threads 2] [--runs 3] [--work-dir DIR] [--out bench/results/smolvla.json]
-        [--lerobot-python .venv-lerobot/bin/python] [--lerobot-script scripts/lerobot_bench.py]
+        [--lerobot-python .venv-lerobot/bin/python] [--lerobot-script scripts/lerobot_bench.py] [--profile]
 
 LeRobot's default SmolVLA config over SmolVLM2-500M dimensions with random weights (built from config only by
 LeRobot's half, `scripts/lerobot_bench.py --policy smolvla`, in LeRobot's own venv, which also times LeRobot),
@@ -16,6 +16,7 @@ Every contender runs in a fresh process of its own, one after the other, at the 
     GFLOP/s           the eager chunk's matmul FLOPs (counted from the config) / its latency, as a share of the
                       fp32 matmul peak measured in this run (torch.mm, same threads)
 
+Exported programs are kept in the work dir and reused by the next run over the same weights (--reexport).
 With a target missed, `--profile` adds the top operators of one eager chunk (torch.profiler, self CPU time).
 """
 
@@ -257,6 +258,22 @@ def run_worker(kind: str, args: argparse.Namespace, **extra: Any) -> dict[str, A
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def exported(args: argparse.Namespace, pte: Path, quantize: str) -> dict[str, Any]:
+    """Export the folder to `pte` (minutes at full size), or reuse the program an earlier run of this
+    benchmark wrote for the same weights (its export report is kept beside it); --reexport forces it."""
+    report = pte.with_suffix(".export.json")
+    weights = (args.work_dir / FOLDER / "model.safetensors").stat()
+    stamp = {"weights_bytes": weights.st_size, "weights_mtime": weights.st_mtime, "quantize": quantize}
+    if not args.reexport and pte.is_file() and report.is_file():
+        saved = json.loads(report.read_text())
+        if saved.get("stamp") == stamp:
+            log(f"[export] reusing {pte} (exported in {saved['result']['export_s']} s)")
+            return {**saved["result"], "reused": True}
+    result = run_worker("export", args, pte=pte, quantize=quantize)
+    report.write_text(json.dumps({"stamp": stamp, "result": result}, indent=1))
+    return result
+
+
 def run_lerobot(args: argparse.Namespace) -> dict[str, Any]:
     cmd = [str(args.lerobot_python), str(args.lerobot_script), "--policy", "smolvla", "--threads", str(args.threads)]
     cmd += ["--out", str(args.work_dir), "--runs", str(args.runs), "--warmup", "1"]
@@ -280,6 +297,7 @@ def main() -> int:
     parser.add_argument("--lerobot-python", type=Path, default=ROOT / ".venv-lerobot" / "bin" / "python")
     parser.add_argument("--lerobot-script", type=Path, default=ROOT / "scripts" / "lerobot_bench.py")
     parser.add_argument("--profile", action="store_true", help="the eager chunk's top operators too")
+    parser.add_argument("--reexport", action="store_true", help="export again even if the work dir holds programs")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--pte", help=argparse.SUPPRESS)
     parser.add_argument("--quantize", help=argparse.SUPPRESS)
@@ -299,7 +317,7 @@ def main() -> int:
     exports = {}
     for name, recipe in (("xnnpack_fp32", "none"), ("xnnpack_int8", "int8-dynamic")):
         pte = args.work_dir / f"smolvla_{name}.pte"
-        exports[name] = run_worker("export", args, pte=pte, quantize=recipe)
+        exports[name] = exported(args, pte, recipe)
         results[f"omni_ros_{name}"] = run_worker("pte", args, pte=pte)
     peak = run_worker("peak", args)
 

@@ -231,7 +231,7 @@ def test_policy_info_reads_the_folder_without_weights(fixture, capsys):
     reference, manifest = fixture
     assert main(["policy", "info", "--checkpoint", str(reference / manifest["path"]), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["extra"]["family"] == "smolvla" and info["extra"]["layout"] == "lerobot"
+    assert info["family"] == "smolvla" and info["layout"] == "lerobot" and info["image_tokens_per_camera"] == 16
     # LeRobot's count less what never reaches an action: the VLM's lm_head (311 x 32) and final norm (32).
     assert info["parameters"]["total"] == manifest["param_count"] - 311 * 32 - 32
     assert info["prefix_tokens"] == 3 * 16 + 48 + 1

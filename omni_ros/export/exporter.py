@@ -198,7 +198,8 @@ def export_checkpoint(
     """Export a checkpoint folder of any layout (weights, norm stats and its tokenizer file if any)."""
     from omni_ros.policy import families, layouts
 
-    path = Path(checkpoint)
+    # Absolute: a reference layout names the tokenizer file it found (under the folder), omni_ros's a relative one.
+    path = Path(checkpoint).resolve()
     read = layouts.read(path, tokenizer=tokenizer)
     model = layouts.build_model(read, lambda: families.get(read.family).build_model(read.config))
     tokenizer_file = None
