@@ -20,7 +20,12 @@ from omni_ros.export.qnn import QnnOptions, QnnSdkError, calibration_inputs, qnn
 from omni_ros.export.sidecar import read_sidecar
 from omni_ros.policy import load
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.usefixtures("torch_one_thread")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.usefixtures("torch_one_thread"),
+    # The first test to use a program waits for its export: minutes of lowering on a busy 2-core machine.
+    pytest.mark.timeout(900),
+]
 TOL = 1e-4
 
 

@@ -5,6 +5,9 @@ Lowering, tracing and quantizing are the slow part: each variant is exported onc
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -50,12 +53,44 @@ def exported_tiny(base: Path, variant: str) -> Path:
 
 
 def exported_smolvla(base: Path, checkpoint: Path, variant: str) -> Path:
-    """Path of the SmolVLA fixture exported to XNNPACK as `variant`, exported once per session."""
+    """Path of the SmolVLA fixture exported to XNNPACK as `variant`, exported once per session.
+
+    Lowering is single-threaded Python, so the first request also starts the other variants' exports in
+    child processes: on two cores the int8 program is lowered while the fp32 one is and its tests run.
+    """
     from omni_ros.export.exporter import export_checkpoint
 
-    out = base / "pte" / f"smolvla_{variant}.pte"
+    def path(name: str) -> Path:
+        return base / "pte" / f"smolvla_{name}.pte"
+
+    with _lock:
+        for other in SMOLVLA_VARIANTS:
+            if other != variant and other not in _children and not path(other).exists():
+                _children[other] = _spawn_export(checkpoint, path(other), SMOLVLA_VARIANTS[other])
+    out = path(variant)
+    child = _children.get(variant)
+    if child is not None:
+        _, stderr = child.communicate()
+        if child.returncode != 0 or not out.exists():
+            raise RuntimeError(f"exporting {out.name} failed (exit {child.returncode}):\n{stderr[-4000:]}")
+        return out
     _once(out, lambda: export_checkpoint(checkpoint, out, **SMOLVLA_VARIANTS[variant]))
     return out
+
+
+_children: dict[str, subprocess.Popen] = {}
+
+
+def _spawn_export(checkpoint: Path, out: Path, kwargs: dict) -> subprocess.Popen:
+    """`export_checkpoint(checkpoint, out, **kwargs)` in a child process on one torch thread."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    code = (
+        "import json, sys, torch; torch.set_num_threads(1)\n"
+        "from omni_ros.export.exporter import export_checkpoint\n"
+        "export_checkpoint(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))\n"
+    )
+    cmd = [sys.executable, "-c", code, str(checkpoint), str(out), json.dumps(kwargs)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _once(done: Path, export) -> None:
