@@ -94,13 +94,14 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         result["cold_start_ms"] = round((time.perf_counter() - start) * 1e3, 1)
         runner, cfg = policy.runner, policy.processor.cfg
         inputs = policy.processor.inputs([policy.processor.parse(obs)])
-        image_tokens = runner._run("encode_images", runner.encode_inputs(inputs))[0].clone()
+        encoder_inputs = [inputs.images, *([inputs.tokens, inputs.token_mask] if cfg.vision.film else [])]
+        image_tokens = runner._run("encode_images", encoder_inputs)[0].clone()
         args_prefill = [image_tokens, inputs.image_masks, inputs.tokens, inputs.token_mask]
         cache = [c.clone() for c in runner._run("prefill", args_prefill)]
         pmask = prefix_mask_of(inputs.image_masks, inputs.token_mask, cfg.vision.num_tokens)
         x, t = policy.draw_noise(1), torch.full((1,), 0.5)
         result["methods_ms"] = {
-            "encode_images": median_ms(lambda: runner._run("encode_images", runner.encode_inputs(inputs)), args.runs),
+            "encode_images": median_ms(lambda: runner._run("encode_images", encoder_inputs), args.runs),
             "prefill": median_ms(lambda: runner._run("prefill", args_prefill), args.runs),
             "denoise_step": median_ms(
                 lambda: runner._run("denoise_step", [pmask, inputs.state, x, t, *cache]), args.runs * 3

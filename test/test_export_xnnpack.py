@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.pte_cache import exported_tiny
+from helpers.pte_cache import CountingMethod, exported_tiny
 from helpers.tiny_models import eager_tiny, raw_obs, reference
 from omni_ros.backends.executorch_runner import ExecuTorchRunner, installed_executorch_version, load_pte
 from omni_ros.backends.factory import load_policy
@@ -90,19 +90,10 @@ def test_policy_matches_torch_policy(fp32_pte, mode):
     assert np.abs(other - policy.infer(raw_obs(0))["actions"]).max() > 1e-3
 
 
-class _Counting:
-    def __init__(self, method, calls, name):
-        self.method, self.calls, self.name = method, calls, name
-
-    def execute(self, inputs):
-        self.calls.append(self.name)
-        return self.method.execute(inputs)
-
-
 def test_staged_keeps_the_prefix_kv_cache_across_steps(fp32_pte):
     policy = load_pte(fp32_pte, num_steps=3)
     calls: list[str] = []
-    policy.runner._methods = {n: _Counting(m, calls, n) for n, m in policy.runner._methods.items()}
+    policy.runner._methods = {n: CountingMethod(m, calls, n) for n, m in policy.runner._methods.items()}
     out = policy.infer(raw_obs(2))
     assert calls == ["encode_images", "prefill"] + ["denoise_step"] * 3
     # Three steps with the cached prefix give what eager gives with three steps.

@@ -223,3 +223,15 @@ def test_mismatched_weights_refused(folder):
     save_file(weights, str(folder / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing 1 tensors .*state_proj.bias"):
         load(folder)
+
+
+def test_policy_info_reads_the_folder_without_weights(fixture, capsys):
+    from omni_ros.cli import main
+
+    reference, manifest = fixture
+    assert main(["policy", "info", "--checkpoint", str(reference / manifest["path"]), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["family"] == "smolvla" and info["layout"] == "lerobot" and info["image_tokens_per_camera"] == 16
+    # LeRobot's count less what never reaches an action: the VLM's lm_head (311 x 32) and final norm (32).
+    assert info["parameters"]["total"] == manifest["param_count"] - 311 * 32 - 32
+    assert info["prefix_tokens"] == 3 * 16 + 48 + 1

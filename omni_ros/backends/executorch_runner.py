@@ -30,8 +30,7 @@ from pathlib import Path
 import torch
 
 from omni_ros.backends.exported import exported_policy
-from omni_ros.export.methods import STAGED, prefix_mask_of
-from omni_ros.export.rtc_step import NAME as GUIDED_STEP
+from omni_ros.export.methods import GUIDED_STEP, stage_plan
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
@@ -86,6 +85,8 @@ class ExecuTorchRunner:
 
     def __init__(self, pte: Path, sidecar: Sidecar, mode: str, num_threads: int = 0) -> None:
         self.pte, self.sidecar, self.cfg, self.mode = pte, sidecar, sidecar.model, mode
+        # The model family says which methods exist and how one inference chains them.
+        self.plan = stage_plan(sidecar.family)
         self.device = torch.device("cuda" if sidecar.target == "cuda" else "cpu")
         self.backend = f"executorch-{sidecar.target}" + ("" if sidecar.quantize == "none" else f"-{sidecar.quantize}")
         from executorch.runtime import Runtime
@@ -96,7 +97,7 @@ class ExecuTorchRunner:
             from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
             _unsafe_reset_threadpool(num_threads)
-        needed = STAGED if mode == "staged" else ("sample",)
+        needed = self.plan.staged if mode == "staged" else ("sample",)
         # Real-time chunking needs the Euler loop out here (staged); guided RTC also the traced guided step.
         guided = mode == "staged" and GUIDED_STEP in sidecar.methods
         if guided:
@@ -105,7 +106,8 @@ class ExecuTorchRunner:
         if mode == "staged":
             self.rtc_methods = ("guided", "inpaint") if guided else ("inpaint",)
         # A program of a training-time-RTC model takes per-token times (B, H).
-        self.per_token = mode == "staged" and len(sidecar.methods["denoise_step"].inputs[3].shape) == 2
+        times = [s for s in sidecar.methods["denoise_step"].inputs if s.name == "t"] if mode == "staged" else []
+        self.per_token = bool(times) and len(times[0].shape) == 2
         try:
             program = runtime.load_program(pte)
             self._methods = {m: program.load_method(m) for m in needed}
@@ -117,12 +119,6 @@ class ExecuTorchRunner:
     def _run(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         # The runtime takes dense tensors only (the pixel tensor is a permuted view).
         return list(self._methods[method].execute([x.contiguous() for x in inputs]))
-
-    def encode_inputs(self, inputs: ModelInputs) -> list[torch.Tensor]:
-        """Inputs of `encode_images`: the images, and the prompt when the encoder is prompt-conditioned."""
-        if self.cfg.vision.film:
-            return [inputs.images, inputs.tokens, inputs.token_mask]
-        return [inputs.images]
 
     def sample(
         self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None
@@ -138,34 +134,27 @@ class ExecuTorchRunner:
                 # One call runs encoder, prefill and the loop: the time is reported as denoise_ms.
                 clock.lap("embed_prefix_ms")
                 clock.lap("prefill_ms")
-                actions = self._run("sample", [*inputs.as_tuple(), noise])[0].clone()
+                actions = self._run("sample", [*self.plan.fused_inputs(self.cfg, inputs), noise])[0].clone()
                 clock.lap("denoise_ms")
                 return Sampled(actions.numpy(), clock.ms)
-            image_tokens = self._run("encode_images", self.encode_inputs(inputs))[0]
-            clock.lap("embed_prefix_ms")
-            # The prefix KV cache: computed once, read by every denoising step below.
-            cache = self._run("prefill", [image_tokens, inputs.image_masks, inputs.tokens, inputs.token_mask])
-            clock.lap("prefill_ms")
-            prefix_mask = prefix_mask_of(inputs.image_masks, inputs.token_mask, self.cfg.vision.num_tokens)
-
+            # The family's chaining: the prefix KV cache is computed once and read by every denoising step.
             horizon, per_token = self.cfg.action_horizon, self.per_token
 
-            def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-                t = per_token_times(t, horizon, per_token)
-                return self._run("denoise_step", [prefix_mask, inputs.state, x, t, *cache])[0]
+            def sample(velocity, guided) -> torch.Tensor:
+                def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                    return velocity(x, per_token_times(t, horizon, per_token))
 
-            def guided_step(x, t, target, weights, weight):
-                t = per_token_times(t, horizon, per_token)
-                return self._run(GUIDED_STEP, [prefix_mask, inputs.state, x, t, target, weights, weight, *cache])[0]
+                def guided_step(x, t, target, weights, weight):
+                    return guided(x, per_token_times(t, horizon, per_token), target, weights, weight)
 
-            if rtc is None or rtc.target is None:  # (sample refused a plan without its target above)
-                actions = euler_sample(velocity, noise, num_steps)
-            else:
+                if rtc is None or rtc.target is None:  # (refused above when a plan lacks its target)
+                    return euler_sample(denoise, noise, num_steps)
                 # The exported guided step is the only gradient here: there is no eager autograd to fall back on.
                 step = guided_step if "guided" in self.rtc_methods else None
-                clean = self.cfg.rtc_max_delay > 0
-                actions = rtc_sample(velocity, noise, num_steps, rtc.target, rtc.request, clean, guided_step=step)
-            clock.lap("denoise_ms")
+                clean = getattr(self.cfg, "rtc_max_delay", 0) > 0
+                return rtc_sample(denoise, noise, num_steps, rtc.target, rtc.request, clean, guided_step=step)
+
+            actions = self.plan.run_staged(self.cfg, self._run, inputs, noise, num_steps, clock, sample)
         return Sampled(actions.numpy(), clock.ms)
 
     def close(self) -> None:
@@ -197,11 +186,12 @@ def load_pte(
     target_device = "cuda" if sidecar.target == "cuda" else "cpu"
     if device is not None and device.split(":")[0] != target_device:
         raise ConfigError(f"{pte} runs on {target_device} (target {sidecar.target}), not policy.device '{device}'")
-    staged = all(m in sidecar.methods for m in STAGED)
+    plan = stage_plan(sidecar.family)
+    staged = all(m in sidecar.methods for m in plan.staged)
     if mode == "auto":
         mode = "staged" if staged else "fused"
     if mode == "staged" and not staged:
-        raise PteError(f"{pte}: staged mode needs methods {list(STAGED)}, the program has {list(sidecar.methods)}")
+        raise PteError(f"{pte}: staged mode needs methods {list(plan.staged)}, the program has {list(sidecar.methods)}")
     if mode == "fused":
         if "sample" not in sidecar.methods:
             raise PteError(f"{pte}: fused mode needs the 'sample' method, the program has {list(sidecar.methods)}")

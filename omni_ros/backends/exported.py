@@ -30,6 +30,7 @@ def exported_policy(
     if sidecar.tokenizer_file:
         tokenizer_cfg = type(tokenizer_cfg)(tokenizer_cfg.kind, sidecar.tokenizer_file, tokenizer_cfg.max_tokens)
     tokenizer = make_tokenizer(tokenizer_cfg, base_dir=base_dir)
-    processor = families.get("pi0").build_processor(cfg, sidecar.norm_stats, tokenizer)
+    # The family (pi0, smolvla, ...) the program was exported from picks its processor.
+    processor = families.get(sidecar.family).build_processor(cfg, sidecar.norm_stats, tokenizer)
     steps = num_steps or (sidecar.num_steps if fused else cfg.num_steps)
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or sidecar.name)

@@ -13,7 +13,6 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from omni_ros.export.exporter import check_export_target, export_checkpoint, export_preset
-    from omni_ros.export.methods import METHODS
     from omni_ros.export.qnn import QnnOptions
     from omni_ros.export.report import format_report
 
@@ -23,9 +22,7 @@ def run(args: argparse.Namespace) -> int:
     # int16 activations are what transformers need on the HTP through ONNX; ExecuTorch's QNN recipe defaults to 8a8w.
     precision = args.qnn_precision or ("16a8w" if args.target == "qnn-onnx" else "8a8w")
     qnn = QnnOptions(soc=args.qnn_soc, precision=precision, calibration_samples=args.calibration_samples)
-    methods = tuple(args.methods or METHODS)
-    if args.rtc and "guided_step" not in methods:
-        methods += ("guided_step",)
+    methods = tuple(args.methods) if args.methods else None  # None: every method of the model's family
     try:
         # Refuse a missing SDK/GPU or a bad option before loading and tracing anything.
         check_export_target(args.target, args.quantize, qnn)
@@ -38,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         "num_steps": args.num_steps,
         "qnn": qnn,
     }
+    if args.rtc:
+        common["rtc"] = True
     if onnx:
         common["calibration"] = args.calibration
     if args.checkpoint:
@@ -69,15 +68,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
         help="export a policy to an ExecuTorch .pte (xnnpack, qnn, cuda) or ONNX (onnx, qnn-onnx)",
-        description="Export the policy's stages (encode_images, prefill, denoise_step) and the fused sampling loop "
-        "(sample) as named methods of one .pte, lowered for a backend, plus a sidecar <out>.json; or, for "
-        "--target onnx / qnn-onnx, as one ONNX graph per method in the folder --out with its sidecar omni_ros.json. "
-        "qnn-onnx quantizes for Qualcomm's HTP (calibrated on --calibration) and compiles the graphs for --qnn-soc "
-        "(the qnn extra: onnxruntime-qnn).",
+        description="Export the policy's stages (pi0: encode_images, prefill, denoise_step; SmolVLA: encode_image "
+        "per camera, prefill, denoise_step) and the fused sampling loop (sample) as named methods of one .pte, "
+        "lowered for a backend, plus a sidecar <out>.json; or, for --target onnx / qnn-onnx (pi0 family), as one "
+        "ONNX graph per method in the folder --out with its sidecar omni_ros.json. qnn-onnx quantizes for "
+        "Qualcomm's HTP (calibrated on --calibration) and compiles the graphs for --qnn-soc (the qnn extra: "
+        "onnxruntime-qnn).",
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument(
-        "--checkpoint", help="checkpoint folder: omni_ros's, a LeRobot pi0 / pi05 folder or an openpi PyTorch one"
+        "--checkpoint",
+        help="checkpoint folder: omni_ros's, a LeRobot pi0 / pi05 / SmolVLA folder or an openpi PyTorch one",
     )
     source.add_argument("--preset", default="small", help="built-in architecture with seeded random weights")
     p.add_argument(
@@ -96,14 +97,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out", required=True, help="output .pte path (sidecar <out>.json), or the output folder for onnx / qnn-onnx"
     )
-    p.add_argument(
-        "--methods", nargs="+", help="methods to export (default: all four; guided_step is the guided RTC step)"
-    )
+    p.add_argument("--methods", nargs="+", help="methods to export (default: all of the model family's)")
     p.add_argument(
         "--rtc",
         action="store_true",
         help="also export guided_step, the guided real-time-chunking step (a traced backward pass; float32 "
-        "xnnpack/cuda); without it, exported programs serve RTC by hard prefix inpainting",
+        "xnnpack/cuda, the pi0 family); without it, exported programs serve RTC by hard prefix inpainting",
     )
     p.add_argument("--num-steps", type=int, help="Euler steps of the fused sample method (default: the model's)")
     p.add_argument(

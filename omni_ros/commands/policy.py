@@ -69,11 +69,14 @@ def run_info(args: argparse.Namespace) -> int:
         summary = {"layout": "preset", "family": "pi0", "cameras": list(cfg.camera_names)}
         with torch.device("meta"):
             params = count_parameters(build_preset(args.preset))
+    # pi0 configs count image tokens in vision.num_tokens; SmolVLA's (after its pixel shuffle) in tokens_per_camera.
+    per_camera = getattr(cfg, "tokens_per_camera", None) or cfg.vision.num_tokens
     info = {
         "source": args.checkpoint or f"preset {args.preset} (random weights)",
         **summary,
         "parameters": params,
         "prefix_tokens": getattr(cfg, "prefix_len", None),
+        "image_tokens_per_camera": per_camera,
         "config": cfg.to_dict(),
         "norm_stats": stats,
         "extra": extra,
@@ -83,7 +86,7 @@ def run_info(args: argparse.Namespace) -> int:
         return 0
     print(f"source:       {info['source']}")
     print(f"layout:       {summary['layout']}, family {summary['family']}")
-    print(f"cameras:      {', '.join(cfg.camera_names)} ({cfg.vision.image_size}px tile each)")
+    print(f"cameras:      {', '.join(cfg.camera_names)} ({cfg.vision.image_size}px tile, {per_camera} tokens each)")
     print(f"state/action: {cfg.state_dim} -> {cfg.action_horizon} x {cfg.action_dim} (dt {cfg.action_dt} s)")
     if args.checkpoint:
         norm, tok = summary["normalization"], summary["tokenizer"]

@@ -12,12 +12,13 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 
 from omni_ros.export.forms import use_export_forms
-from omni_ros.export.methods import METHODS, example_inputs, method_module, signatures
+from omni_ros.export.methods import StagePlan, stage_plan
 from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
 from omni_ros.export.quantize import QUANTIZE, quantize_model
 from omni_ros.export.report import delegation_report
@@ -25,7 +26,6 @@ from omni_ros.export.rtc_step import NAME as GUIDED_STEP
 from omni_ros.export.rtc_step import GuidedStep, guided_signature
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.pi0.modeling import Pi0Model
 
 TARGETS = ("xnnpack", "qnn", "cuda", "onnx", "qnn-onnx")
 log = logging.getLogger(__name__)
@@ -70,28 +70,33 @@ def check_export_target(target: str, quantize: str, qnn: QnnOptions | None = Non
 
 
 def export_policy(
-    model: Pi0Model,
+    model: nn.Module,
     norm_stats: NormStats,
     out: str | Path,
     *,
     target: str = "xnnpack",
     quantize: str = "none",
-    methods: tuple[str, ...] | list[str] = METHODS,
+    methods: tuple[str, ...] | list[str] | None = None,
     num_steps: int | None = None,
     name: str | None = None,
     tokenizer_file: str | Path | None = None,
     qnn: QnnOptions | None = None,
     calibration: str = "sim",
+    rtc: bool = False,
 ) -> ExportResult:
-    """Export `methods` of `model` to `out` (.pte) and write `out`.json beside it.
+    """Export `methods` (default: all of the model family's) of `model` to `out` (.pte) and write `out`.json.
+    `rtc` adds the guided real-time-chunking step (float32 xnnpack / cuda).
 
     The model is copied, switched to its export forms and quantized; the caller's model is untouched.
     For the ONNX targets `out` is a folder; qnn-onnx calibrates on `calibration` (sim, random or a dataset).
     """
     check_export_target(target, quantize, qnn)
-    unknown = [m for m in methods if m not in (*METHODS, GUIDED_STEP)]
-    if unknown or not methods:
-        raise ValueError(f"unknown methods {unknown}; choose from {', '.join((*METHODS, GUIDED_STEP))}")
+    cfg: Any = model.cfg
+    plan = stage_plan(cfg)
+    methods = tuple(methods or plan.methods)
+    if rtc and GUIDED_STEP not in methods:
+        methods = (*methods, GUIDED_STEP)
+    plan.check_methods(methods)
     if GUIDED_STEP in methods and (target not in ("xnnpack", "cuda") or quantize != "none"):
         raise ValueError(
             f"method {GUIDED_STEP} (guided real-time chunking) is exported in float32 for xnnpack or cuda only; "
@@ -99,10 +104,11 @@ def export_policy(
         )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    cfg = model.cfg
     steps = num_steps or cfg.num_steps
     start = time.perf_counter()
     if target in ("onnx", "qnn-onnx"):
+        if plan.family != "pi0":
+            raise ValueError(f"--target {target} exports pi0-family models only; export {plan.family} to a .pte")
         return _export_onnx(model, norm_stats, out, target, methods, steps, name, tokenizer_file, qnn, calibration)
     timings: dict[str, float] = {}
     work = use_export_forms(copy.deepcopy(model).float().eval())
@@ -118,12 +124,14 @@ def export_policy(
             quantize_model(work, quantize)
             device = "cuda" if target == "cuda" else "cpu"
             work.to(device)
-            sigs = _signatures(cfg, methods)
+            sigs = _signatures(plan, cfg, methods)
             programs = {}
             for method in methods:
                 t0 = time.perf_counter()
-                inputs = tuple(x.to(device) for x in example_inputs(sigs[method], cfg))
-                module = GuidedStep(work, inputs) if method == GUIDED_STEP else method_module(work, method, steps)
+                inputs = tuple(x.to(device) for x in plan.example_inputs(sigs[method], cfg))
+                # (check_methods allows guided_step for the pi0 family only)
+                guided = method == GUIDED_STEP
+                module = GuidedStep(cast(Any, work), inputs) if guided else plan.module(work, method, steps)
                 with torch.no_grad():
                     programs[method] = torch.export.export(module, inputs)
                 timings[f"export_{method}_s"] = time.perf_counter() - t0
@@ -153,7 +161,7 @@ def export_policy(
         quantize=quantize if target != "qnn" else (qnn or QnnOptions()).precision,
         model=cfg,
         norm_stats=norm_stats,
-        methods={m: _signatures(cfg, methods)[m] for m in methods},
+        methods={m: _signatures(plan, cfg, methods)[m] for m in methods},
         pte_sha256=file_sha256(out),
         pte_bytes=out.stat().st_size,
         num_steps=steps,
@@ -168,8 +176,8 @@ def export_policy(
     return ExportResult(out, sidecar_path(out), report, seconds, out.stat().st_size, timings)
 
 
-def _signatures(cfg: Any, methods: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    sigs = signatures(cfg)
+def _signatures(plan: StagePlan, cfg: Any, methods: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    sigs = plan.signatures(cfg)
     if GUIDED_STEP in methods:
         sigs[GUIDED_STEP] = guided_signature(sigs["denoise_step"], cfg.action_horizon)
     return sigs

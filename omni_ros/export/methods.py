@@ -1,17 +1,36 @@
-"""The policy's stages as separate `nn.Module`s with flat tensor signatures, one per `.pte` method.
+"""A policy's inference stages as separate `nn.Module`s with flat tensor signatures: one per program method.
+
+Every exporter (ExecuTorch `.pte` today, ONNX next) and every runtime over such methods works through one
+small interface that each model family supplies, its `StagePlan` (`stage_plan(cfg)`):
+
+    methods         the method names it exports, the fused "sample" last
+    staged          the subset `run_staged` calls
+    signatures(cfg, batch) -> {method: MethodSignature}   static input/output specs (what a sidecar records)
+    module(model, method, num_steps) -> nn.Module         the wrapper to trace; its forward takes the inputs
+                                                          of its signature, in order, and returns its outputs
+    example_inputs(signature, cfg, seed) -> tensors       plausible inputs (tracing, calibration, tests)
+    run_staged(cfg, run, inputs, noise, num_steps, clock) -> actions
+                    one inference over the staged methods, `run(method, tensors) -> list of tensors` being the
+                    runtime's call; it computes the prefix cache once and reuses it for every denoising step,
+                    and laps `clock` at embed_prefix_ms, prefill_ms and denoise_ms
+    fused_inputs(cfg, inputs) -> tensors                  the inputs of "sample" before the noise
+
+The pi0 family (below):
 
     encode_images(images [, tokens, token_mask])            -> image_tokens   (the prompt only with vision.film)
     prefill(image_tokens, image_masks, tokens, token_mask)  -> k_0, v_0, k_1, v_1, ...   (the prefix KV cache)
     denoise_step(prefix_mask, state, x_t, t, k_0, v_0, ...) -> velocity
     sample(images, image_masks, tokens, token_mask, state, noise) -> actions   (the whole Euler loop, fused)
 
-Shapes are static (batch 1, the config's cameras, prompt length and horizon):
-every backend plans memory for them and QNN requires it.
+SmolVLA: omni_ros.policy.smolvla.stages. Shapes are static (batch 1, the config's cameras, prompt length and
+horizon): every backend plans memory for them and QNN requires it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,9 +38,19 @@ from torch import nn
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pi0.configuration import ModelConfig
 from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pipeline import StageClock
+from omni_ros.policy.sampler import euler_sample
 
+# The pi0 family's methods (each family's are in its StagePlan).
 METHODS = ("encode_images", "prefill", "denoise_step", "sample")
 STAGED = ("encode_images", "prefill", "denoise_step")
+RunMethod = Callable[[str, list[torch.Tensor]], list[torch.Tensor]]
+# A runtime's sampler over the staged methods, `sample(velocity, guided) -> actions`: velocity(x_t, t) runs
+# denoise_step over the prefix cache, guided(x_t, t, target, weights, weight) the exported guided RTC step
+# (where the program has one). None: plain Euler steps.
+SampleFn = Callable[[Callable[..., torch.Tensor], Callable[..., torch.Tensor]], torch.Tensor]
+# Exported only when asked for (`omni-ros export --rtc`): the guided real-time-chunking step (export/rtc_step.py).
+GUIDED_STEP = "guided_step"
 
 
 @dataclass(frozen=True)
@@ -64,59 +93,34 @@ def kv_names(cfg: ModelConfig) -> list[str]:
     return [f"{kind}_{i}" for i in range(cfg.backbone.depth) for kind in ("k", "v")]
 
 
-class EncodeImages(nn.Module):
-    def __init__(self, model: Pi0Model) -> None:
+class Stage(nn.Module):
+    """One program method: `run(model, *inputs)` as the module torch.export (or torch.onnx) traces."""
+
+    def __init__(self, model: nn.Module, run: Callable[..., Any]) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.run = model, run
 
-    def forward(self, images: torch.Tensor, *prompt: torch.Tensor) -> torch.Tensor:
-        return self.model.encode_images(images, *prompt)
-
-
-class Prefill(nn.Module):
-    def __init__(self, model: Pi0Model) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, image_tokens: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor, token_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        prefix, mask = self.model.join_prefix(image_tokens, image_masks, tokens, token_mask)
-        return tuple(t for kv in self.model.prefill(prefix, mask) for t in kv)
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.run(self.model, *inputs)
 
 
-class DenoiseStep(nn.Module):
-    def __init__(self, model: Pi0Model) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, prefix_mask: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, *kv: torch.Tensor
-    ) -> torch.Tensor:
-        cache = [(kv[i], kv[i + 1]) for i in range(0, len(kv), 2)]
-        return self.model.denoise_step(cache, prefix_mask, state, x_t, t)
+def flat_cache(cache: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+    """A per-layer KV cache as method outputs: k_0, v_0, k_1, v_1, ..."""
+    return tuple(t for kv in cache for t in kv)
 
 
-class Sample(nn.Module):
-    def __init__(self, model: Pi0Model, num_steps: int) -> None:
-        super().__init__()
-        self.model, self.num_steps = model, num_steps
-
-    def forward(
-        self,
-        images: torch.Tensor,
-        image_masks: torch.Tensor,
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-        state: torch.Tensor,
-        noise: torch.Tensor,
-    ) -> torch.Tensor:
-        inputs = ModelInputs(images, image_masks, tokens, token_mask, state)
-        return self.model.sample(inputs, noise, num_steps=self.num_steps)
+def paired(kv: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Method inputs k_0, v_0, k_1, v_1, ... back into a per-layer KV cache."""
+    return [(kv[i], kv[i + 1]) for i in range(0, len(kv), 2)]
 
 
-def signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignature]:
-    """Input/output specs of every method for `cfg` (what the sidecar records and the runtime checks)."""
+def sample_stage(model: nn.Module, num_steps: int) -> Stage:
+    """The fused loop: (images, image_masks, tokens, token_mask, state, noise) -> actions, for any family."""
+    return Stage(model, lambda m, *x: m.sample(ModelInputs(*x[:5]), x[5], num_steps=num_steps))
+
+
+def pi0_signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignature]:
+    """Input/output specs of every pi0 method for `cfg`."""
     c, s, v = len(cfg.camera_names), cfg.vision.image_size, cfg.vision.num_tokens
     t, p, w = cfg.tokenizer.max_tokens, cfg.prefix_len, cfg.backbone.width
     kv_shape = (batch, cfg.backbone.num_kv_heads, p, cfg.backbone.head_dim)
@@ -154,7 +158,7 @@ def signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignature]:
     return {m.name: m for m in specs}
 
 
-def example_inputs(signature: MethodSignature, cfg: ModelConfig, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def example_inputs(signature: MethodSignature, cfg: Any, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Plausible inputs for `signature`: pixels in [-1, 1], valid token ids, masks with padding, t in (0, 1]."""
     gen = torch.Generator().manual_seed(seed)
     out = []
@@ -175,14 +179,102 @@ def example_inputs(signature: MethodSignature, cfg: ModelConfig, seed: int = 0) 
     return tuple(out)
 
 
-def method_module(model: Pi0Model, name: str, num_steps: int | None = None) -> nn.Module:
-    """The wrapper module exporting method `name` of `model`."""
-    if name == "encode_images":
-        return EncodeImages(model)
-    if name == "prefill":
-        return Prefill(model)
-    if name == "denoise_step":
-        return DenoiseStep(model)
+def pi0_method_module(model: Pi0Model, name: str, num_steps: int | None = None) -> nn.Module:
+    """The wrapper module exporting pi0 method `name` of `model`."""
     if name == "sample":
-        return Sample(model, num_steps or model.cfg.num_steps)
-    raise ValueError(f"unknown method '{name}'; choose from {', '.join(METHODS)}")
+        return sample_stage(model, num_steps or model.cfg.num_steps)
+    runs: dict[str, Callable[..., Any]] = {
+        "encode_images": lambda m, images, *prompt: m.encode_images(images, *prompt),
+        "prefill": lambda m, image_tokens, image_masks, tokens, token_mask: flat_cache(
+            m.prefill(*m.join_prefix(image_tokens, image_masks, tokens, token_mask))
+        ),
+        "denoise_step": lambda m, mask, state, x_t, t, *kv: m.denoise_step(paired(kv), mask, state, x_t, t),
+    }
+    if name not in runs:
+        raise ValueError(f"unknown method '{name}'; choose from {', '.join(METHODS)}")
+    return Stage(model, runs[name])
+
+
+def pi0_run_staged(
+    cfg: ModelConfig,
+    run: RunMethod,
+    inputs: ModelInputs,
+    noise: torch.Tensor,
+    num_steps: int,
+    clock: StageClock,
+    sample: SampleFn | None = None,
+) -> torch.Tensor:
+    """encode_images, prefill once, then the Euler loop over denoise_step reading the returned KV cache."""
+    prompt = [inputs.tokens, inputs.token_mask] if cfg.vision.film else []
+    image_tokens = run("encode_images", [inputs.images, *prompt])[0]
+    clock.lap("embed_prefix_ms")
+    cache = run("prefill", [image_tokens, inputs.image_masks, inputs.tokens, inputs.token_mask])
+    clock.lap("prefill_ms")
+    prefix_mask = prefix_mask_of(inputs.image_masks, inputs.token_mask, cfg.vision.num_tokens)
+
+    def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return run("denoise_step", [prefix_mask, inputs.state, x, t, *cache])[0]
+
+    def guided(x: torch.Tensor, t: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, weight: torch.Tensor):
+        return run(GUIDED_STEP, [prefix_mask, inputs.state, x, t, target, weights, weight, *cache])[0]
+
+    actions = euler_sample(velocity, noise, num_steps) if sample is None else sample(velocity, guided)
+    clock.lap("denoise_ms")
+    return actions
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What a model family supplies to exporters and method runtimes (see the module docstring)."""
+
+    family: str
+    methods: tuple[str, ...]
+    staged: tuple[str, ...]
+    signatures: Callable[..., dict[str, MethodSignature]]
+    module: Callable[[Any, str, int | None], nn.Module]  # (the family's model, method, num_steps)
+    example_inputs: Callable[..., tuple[torch.Tensor, ...]]
+    run_staged: Callable[..., torch.Tensor]  # (cfg, run, inputs, noise, num_steps, clock, sample=None)
+    fused_inputs: Callable[[Any, ModelInputs], list[torch.Tensor]]
+    # Methods exported only when asked for (not in the default `methods`).
+    optional: tuple[str, ...] = ()
+
+    def check_methods(self, methods: tuple[str, ...] | list[str]) -> None:
+        known = (*self.methods, *self.optional)
+        unknown = [m for m in methods if m not in known]
+        if unknown or not methods:
+            raise ValueError(f"unknown methods {unknown} for a {self.family} model; choose from {', '.join(known)}")
+
+
+PI0 = StagePlan(
+    family="pi0",
+    methods=METHODS,
+    staged=STAGED,
+    signatures=pi0_signatures,
+    module=pi0_method_module,
+    example_inputs=example_inputs,
+    run_staged=pi0_run_staged,
+    fused_inputs=lambda cfg, inputs: list(inputs.as_tuple()),
+    optional=(GUIDED_STEP,),
+)
+
+
+def stage_plan(cfg_or_family: Any) -> StagePlan:
+    """The StagePlan of a family (its name, or a model config whose class names it)."""
+    family = cfg_or_family if isinstance(cfg_or_family, str) else getattr(cfg_or_family, "family", "pi0")
+    if family == "pi0":
+        return PI0
+    if family == "smolvla":
+        from omni_ros.policy.smolvla.stages import SMOLVLA
+
+        return SMOLVLA
+    raise ValueError(f"model family '{family}' has no exportable stages")
+
+
+def signatures(cfg: Any, batch: int = 1) -> dict[str, MethodSignature]:
+    """Input/output specs of every method for `cfg` (what the sidecar records and the runtime checks)."""
+    return stage_plan(cfg).signatures(cfg, batch)
+
+
+def method_module(model: nn.Module, name: str, num_steps: int | None = None) -> nn.Module:
+    """The wrapper module exporting method `name` of `model` (any family)."""
+    return stage_plan(model.cfg).module(model, name, num_steps)

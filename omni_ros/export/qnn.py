@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from omni_ros.errors import OmniRosError
-from omni_ros.export.methods import MethodSignature, method_module, signatures
+from omni_ros.export.methods import MethodSignature, method_module, signatures, stage_plan
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.pi0.configuration import ModelConfig
-from omni_ros.policy.pi0.modeling import Pi0Model
-from omni_ros.policy.sampler import euler_sample
+from omni_ros.policy.pipeline import StageClock
 
 # Snapdragon SoCs with an HTP (Hexagon tensor processor) and its architecture version.
 SOC_HTP_ARCH = {
@@ -107,7 +106,7 @@ def find_qnn_sdk(env: Mapping[str, str] | None = None) -> QnnSdk:
     return QnnSdk(path, library)
 
 
-def qnn_plan(cfg: ModelConfig, options: QnnOptions, methods: tuple[str, ...] | list[str]) -> dict[str, Any]:
+def qnn_plan(cfg: Any, options: QnnOptions, methods: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """What a QNN lowering will do, without the SDK: target, precision, quantization and static shapes per method."""
     options.validate()
     sigs = signatures(cfg)
@@ -124,28 +123,31 @@ def qnn_plan(cfg: ModelConfig, options: QnnOptions, methods: tuple[str, ...] | l
     }
 
 
-def random_model_inputs(cfg: ModelConfig, samples: int, gen: torch.Generator) -> list[ModelInputs]:
-    """Random observations as model inputs (batch 1): pixels in [-1, 1], a prompt of random length, a state."""
-    sigs: dict[str, MethodSignature] = signatures(cfg)
+def random_model_inputs(cfg: Any, samples: int, gen: torch.Generator) -> list[ModelInputs]:
+    """Random observations as model inputs (batch 1): pixels in [-1, 1], a prompt of random length, a state.
+
+    Shapes come from the family's fused `sample` signature (images, image_masks, tokens, token_mask, state, noise).
+    """
+    images, image_masks, tokens_spec, _, state, _ = stage_plan(cfg).signatures(cfg)["sample"].inputs
     out = []
     for _ in range(samples):
-        tokens = torch.randint(0, min(cfg.vocab_size, 256), sigs["prefill"].inputs[2].shape, generator=gen)
+        tokens = torch.randint(0, min(cfg.vocab_size, 256), tokens_spec.shape, generator=gen)
         token_mask = torch.zeros(tokens.shape, dtype=torch.bool)
         token_mask[:, : 1 + int(torch.randint(1, tokens.shape[1], (1,), generator=gen))] = True
         out.append(
             ModelInputs(
-                images=torch.rand(sigs["encode_images"].inputs[0].shape, generator=gen) * 2 - 1,
-                image_masks=torch.ones(sigs["prefill"].inputs[1].shape, dtype=torch.bool),
+                images=torch.rand(images.shape, generator=gen) * 2 - 1,
+                image_masks=torch.ones(image_masks.shape, dtype=torch.bool),
                 tokens=tokens,
                 token_mask=token_mask,
-                state=torch.randn(sigs["denoise_step"].inputs[1].shape, generator=gen),
+                state=torch.randn(state.shape, generator=gen),
             )
         )
     return out
 
 
 def calibration_inputs(
-    model: Pi0Model,
+    model: nn.Module,
     methods: list[str] | tuple[str, ...],
     samples: int,
     seed: int = 0,
@@ -155,41 +157,33 @@ def calibration_inputs(
 
     `inputs` are model inputs of real observations (batch 1, `omni_ros.export.calibration`); without them,
     `samples` random observations. Each stage is calibrated on what the stage before it really produces
-    (image tokens, a KV cache, the states of the Euler loop), not on unrelated random tensors.
+    (image tokens, a KV cache, the states of the Euler loop), not on unrelated random tensors: the family's
+    own staged inference runs over the eager stage modules and every call is recorded.
     """
-    cfg = model.cfg
-    sigs: dict[str, MethodSignature] = signatures(cfg)
-    gen = torch.Generator().manual_seed(seed)
+    cfg: Any = model.cfg
+    plan = stage_plan(cfg)
+    sigs: dict[str, MethodSignature] = plan.signatures(cfg)
+    modules = {name: plan.module(model, name, cfg.num_steps) for name in plan.staged}
     out: dict[str, list[tuple[torch.Tensor, ...]]] = {name: [] for name in methods}
-    encode, prefill = method_module(model, "encode_images"), method_module(model, "prefill")
-    denoise = method_module(model, "denoise_step")
     with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
         for observed in inputs if inputs is not None else random_model_inputs(cfg, samples, gen):
-            images, masks, tokens, token_mask, state = observed.as_tuple()
             noise = torch.randn(sigs["sample"].inputs[-1].shape, generator=gen)
-            prompt = (tokens, token_mask) if cfg.vision.film else ()
-            image_tokens = encode(images, *prompt)
-            kv = prefill(image_tokens, masks, tokens, token_mask)
-            prefix_mask = torch.cat([masks.repeat_interleave(cfg.vision.num_tokens, dim=1), token_mask], dim=1)
-            steps: list[tuple[torch.Tensor, ...]] = []
+            recorded: dict[str, list[tuple[torch.Tensor, ...]]] = {name: [] for name in plan.methods}
 
-            def velocity(x, t, kv=kv, prefix_mask=prefix_mask, state=state, steps=steps):
-                steps.append((prefix_mask, state, x, t, *kv))
-                return denoise(prefix_mask, state, x, t, *kv)
+            def run(method: str, tensors: list[torch.Tensor], recorded=recorded) -> list[torch.Tensor]:
+                recorded[method].append(tuple(tensors))
+                result = modules[method](*tensors)
+                return list(result) if isinstance(result, tuple) else [result]
 
-            euler_sample(velocity, noise, cfg.num_steps)
-            recorded = {
-                "encode_images": [(images, *prompt)],
-                "prefill": [(image_tokens, masks, tokens, token_mask)],
-                "denoise_step": steps,
-                "sample": [(images, masks, tokens, token_mask, state, noise)],
-            }
+            plan.run_staged(cfg, run, observed, noise, cfg.num_steps, StageClock())
+            recorded["sample"] = [(*plan.fused_inputs(cfg, observed), noise)]
             for name in methods:
                 out[name].extend(recorded[name])
     return out
 
 
-def lower_qnn(model: Pi0Model, methods: list[str] | tuple[str, ...], options: QnnOptions, num_steps: int):
+def lower_qnn(model: nn.Module, methods: list[str] | tuple[str, ...], options: QnnOptions, num_steps: int):
     """Quantize (PT2E, calibrated) and lower `methods` of `model` with the QnnPartitioner; returns the edge manager.
 
     The SDK is checked first: nothing below imports ExecuTorch's QNN code without it.

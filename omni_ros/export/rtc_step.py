@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omni_ros.export.methods import DenoiseStep, MethodSignature, TensorSpec
+from omni_ros.export.methods import GUIDED_STEP, MethodSignature, TensorSpec, pi0_method_module
 from omni_ros.policy.pi0.modeling import Pi0Model
 
-NAME = "guided_step"
+NAME = GUIDED_STEP
 
 
 def guided_signature(denoise: MethodSignature, horizon: int) -> MethodSignature:
@@ -52,7 +52,7 @@ class GuidedStep(nn.Module):
         from torch._decomp import core_aten_decompositions
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        step = DenoiseStep(model)
+        step = pi0_method_module(model, "denoise_step")
         frozen = [p.requires_grad for p in model.parameters()]
         for p in model.parameters():  # only the VJP with respect to x_t is wanted, not weight gradients
             p.requires_grad_(False)

@@ -22,7 +22,6 @@ from typing import Any
 from omni_ros.errors import OmniRosError
 from omni_ros.export.methods import MethodSignature
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.pi0.configuration import ModelConfig
 
 FORMAT = "omni_ros.pte.v1"
 ONNX_FORMAT = "omni_ros.onnx.v1"
@@ -74,7 +73,7 @@ class Sidecar:
     name: str
     target: str
     quantize: str
-    model: ModelConfig
+    model: Any  # the family's model config (pi0's ModelConfig, SmolVLAConfig, ...)
     norm_stats: NormStats
     methods: dict[str, MethodSignature]
     # Euler steps baked into the fused `sample` method.
@@ -90,6 +89,11 @@ class Sidecar:
     target_options: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
 
+    @property
+    def family(self) -> str:
+        """The model family (omni_ros.policy.families) of the program: its processor and its stage chaining."""
+        return getattr(self.model, "family", "pi0")
+
     def to_dict(self) -> dict[str, Any]:
         artifact = (
             {"files": self.files}
@@ -99,6 +103,7 @@ class Sidecar:
         return {
             "format": self.format,
             "name": self.name,
+            "family": self.family,
             "target": self.target,
             "quantize": self.quantize,
             **artifact,
@@ -117,8 +122,11 @@ class Sidecar:
         error = OnnxModelError if expect == ONNX_FORMAT else PteError
         if data.get("format") != expect:
             raise error(f"{source}: sidecar format {data.get('format')!r}, this omni_ros reads {expect!r}")
+        from omni_ros.policy import families
+
         try:
-            model = ModelConfig.from_dict(data["model"], source=source)
+            # Programs written before families had names are pi0's.
+            model = families.get(data.get("family", "pi0")).config_type.from_dict(data["model"], source=source)
             stats = NormStats(**data["norm_stats"])
             stats.check(model.state_dim, model.action_dim)
             return cls(

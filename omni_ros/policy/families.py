@@ -21,7 +21,7 @@ from omni_ros.policy.tokenizer import Tokenizer
 class Family:
     name: str
     # The family's model config (a dataclass with from_dict / to_dict), e.g. what a .pte sidecar stores.
-    config_type: type
+    config_type: type[Any]  # a typed config dataclass with from_dict (typed_config)
     # config -> a model with random weights (its inference stages: see omni_ros.policy.torch_runner)
     build_model: Callable[[Any], nn.Module]
     # (config, norm stats, tokenizer) -> the family's pre/post-processing

@@ -33,9 +33,10 @@ class LlamaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.export_form:  # exported programs are float32 throughout: no casts (each is graph nodes to lower)
+            return self.weight * (x * torch.rsqrt(mean_last(x * x) + self.eps))
         x32 = x.float()
-        mean_sq = mean_last(x32 * x32) if self.export_form else x32.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x32 * torch.rsqrt(mean_sq + self.eps)).to(x.dtype)
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class SiluMLP(nn.Module):
