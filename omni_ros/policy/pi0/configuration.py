@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from omni_ros.observation import ObservationSpec
-from omni_ros.policy.base import PolicyMetadata
+from omni_ros.policy.family_base import ChunkConfig
 from omni_ros.policy.tokenizer import TokenizerConfig
-from omni_ros.typed_config import from_dict, to_dict
 
 
 @dataclass
@@ -82,18 +81,10 @@ class ProcessingConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(ChunkConfig):
     # The model family (omni_ros.policy.families) that runs this config.
     family: ClassVar[str] = "pi0"
 
-    name: str = "small"
-    camera_names: list[str] = field(default_factory=lambda: ["base", "wrist"])
-    state_dim: int = 8
-    action_dim: int = 8
-    action_horizon: int = 50
-    # Seconds between consecutive actions of a chunk (50 Hz by default).
-    action_dt: float = 0.02
-    num_steps: int = 10
     # Predict each chunk relative to the current joint positions (openpi's delta actions): the model outputs
     # chunk - state and the policy adds the observation's state back, so "hold the current pose" is no longer a
     # shortcut that the absolute targets reward.
@@ -175,26 +166,6 @@ class ModelConfig:
             required_cameras=(self.camera_names[0],) if self.processing.require_first_camera else (),
         )
 
-    def policy_metadata(self, model: str, backend: str) -> PolicyMetadata:
-        return PolicyMetadata(
-            model=model,
-            backend=backend,
-            camera_names=tuple(self.camera_names),
-            image_size=self.vision.image_size,
-            state_dim=self.state_dim,
-            action_dim=self.action_dim,
-            action_horizon=self.action_horizon,
-            action_dt=self.action_dt,
-            noise_shape=(self.action_horizon, self.model_action_dim),
-        )
-
     @property
     def prefix_len(self) -> int:
         return len(self.camera_names) * self.vision.num_tokens + self.tokenizer.max_tokens
-
-    def to_dict(self) -> dict:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "<config>") -> ModelConfig:
-        return from_dict(cls, data, source=source)

@@ -8,46 +8,34 @@ pi0 / pi0.5 inputs, so their checkpoints see exactly the inputs they were traine
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omni_ros.observation import Observation, ObservationSpec, make_observation
-from omni_ros.policy.base import PolicyMetadata
+from omni_ros.observation import Observation
+from omni_ros.policy.family_base import ChunkProcessor
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pi0.configuration import ModelConfig
+from omni_ros.policy.reference_images import camera_tiles
 from omni_ros.policy.rtc import RtcRequest, normalized_plan
 from omni_ros.policy.tokenizer import Tokenizer, make_tokenizer
 
 
-class Pi0Processor:
+class Pi0Processor(ChunkProcessor[ModelConfig]):
     """Raw observation -> `ModelInputs`, and normalized model output -> robot actions.
 
     Tiles are uint8 resize-with-pad (`make_observation`), pixels x / 127.5 - 1, the state normalized with the
     checkpoint's statistics; actions are un-normalized and, with `relative_actions`, added to the state.
     """
 
+    tile = True  # parsing makes the uint8 tile
+
     def __init__(self, cfg: ModelConfig, norm_stats: NormStats, tokenizer: Tokenizer | None = None) -> None:
-        norm_stats.check(cfg.state_dim, cfg.action_dim)
-        self.cfg = cfg
-        self.norm_stats = norm_stats
-        self.tokenizer = tokenizer or make_tokenizer(cfg.tokenizer)
-        self.spec: ObservationSpec = cfg.observation_spec()
-
-    @property
-    def noise_shape(self) -> tuple[int, int]:
-        """(action_horizon, model action dim): the shape of one request's explicit noise."""
-        return (self.cfg.action_horizon, self.cfg.action_dim)
-
-    def metadata(self, name: str, backend: str) -> PolicyMetadata:
-        return self.cfg.policy_metadata(name, backend)
-
-    def parse(self, raw: Mapping[str, Any]) -> Observation:
-        return make_observation(self.spec, raw)
+        super().__init__(cfg, norm_stats, tokenizer or make_tokenizer(cfg.tokenizer))
 
     def inputs(
         self,
@@ -134,7 +122,7 @@ def _relative(cfg: ModelConfig, actions: np.ndarray, states: np.ndarray, sign: f
     return (actions + sign * offset).astype(np.float32)
 
 
-class ReferenceProcessor:
+class ReferenceProcessor(ChunkProcessor[ModelConfig]):
     """LeRobot's / openpi's pi0 and pi0.5 input pipeline, step for step.
 
     images   uint8 -> float [0, 1] -> bilinear resize-with-pad to the model's square size (sizes truncated,
@@ -148,21 +136,7 @@ class ReferenceProcessor:
     """
 
     def __init__(self, cfg: ModelConfig, norm_stats: NormStats, tokenizer: Tokenizer) -> None:
-        norm_stats.check(cfg.state_dim, cfg.action_dim)
-        self.cfg = cfg
-        self.norm_stats = norm_stats
-        self.tokenizer = tokenizer
-        self.spec: ObservationSpec = cfg.observation_spec()
-
-    @property
-    def noise_shape(self) -> tuple[int, int]:
-        return (self.cfg.action_horizon, self.cfg.model_action_dim)
-
-    def metadata(self, name: str, backend: str) -> PolicyMetadata:
-        return self.cfg.policy_metadata(name, backend)
-
-    def parse(self, raw: Mapping[str, Any]) -> Observation:
-        return make_observation(self.spec, raw, tile=False)
+        super().__init__(cfg, norm_stats, tokenizer)
 
     def tokenize(self, observation: Observation, normalized_state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and mask of the observation's prompt, written as the checkpoint's tool writes it."""
@@ -187,14 +161,7 @@ class ReferenceProcessor:
         cfg, size = self.cfg, self.cfg.vision.image_size
         images, masks, tokens, token_masks, states = [], [], [], [], []
         for o in observations:
-            tiles = []
-            for name in cfg.camera_names:
-                if o.image_masks[name]:
-                    pixels = torch.from_numpy(o.images[name]).permute(2, 0, 1).float() / 255.0
-                    tiles.append(resize_with_pad_float(pixels, size) * 2.0 - 1.0)
-                else:
-                    tiles.append(torch.full((3, size, size), -1.0))
-            images.append(torch.stack(tiles))
+            images.append(camera_tiles(o, cfg.camera_names, size, resize_with_pad_float))
             masks.append([o.image_masks[n] for n in cfg.camera_names])
             state = self.norm_stats.normalize_state(o.state)
             ids, valid = self.tokenize(o, state)

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from omni_ros.observation import ObservationSpec
-from omni_ros.policy.base import PolicyMetadata
+from omni_ros.policy.family_base import ChunkConfig
 from omni_ros.policy.tokenizer import TokenizerConfig
-from omni_ros.typed_config import from_dict, to_dict
 
 
 @dataclass
@@ -73,7 +72,7 @@ class ExpertConfig:
 
 
 @dataclass
-class SmolVLAConfig:
+class SmolVLAConfig(ChunkConfig):
     # The model family (omni_ros.policy.families) that runs this config.
     family: ClassVar[str] = "smolvla"
 
@@ -81,9 +80,6 @@ class SmolVLAConfig:
     camera_names: list[str] = field(default_factory=lambda: ["top", "wrist"])
     state_dim: int = 6
     action_dim: int = 6
-    action_horizon: int = 50
-    action_dt: float = 0.02
-    num_steps: int = 10
     # The model's state and action widths (LeRobot zero-pads both to 32).
     max_state_dim: int = 32
     max_action_dim: int = 32
@@ -159,23 +155,3 @@ class SmolVLAConfig:
         return ObservationSpec(
             camera_names=tuple(self.camera_names), state_dim=self.state_dim, image_size=self.tile_size
         )
-
-    def policy_metadata(self, model: str, backend: str) -> PolicyMetadata:
-        return PolicyMetadata(
-            model=model,
-            backend=backend,
-            camera_names=tuple(self.camera_names),
-            image_size=self.tile_size,
-            state_dim=self.state_dim,
-            action_dim=self.action_dim,
-            action_horizon=self.action_horizon,
-            action_dt=self.action_dt,
-            noise_shape=(self.action_horizon, self.max_action_dim),
-        )
-
-    def to_dict(self) -> dict:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "<config>") -> SmolVLAConfig:
-        return from_dict(cls, data, source=source)

@@ -13,42 +13,29 @@ actions  the first action_dim of the model's output, un-normalized
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omni_ros.observation import Observation, ObservationSpec, make_observation
-from omni_ros.policy.base import PolicyMetadata
+from omni_ros.observation import Observation
+from omni_ros.policy.family_base import ChunkProcessor
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.reference_images import camera_tiles
 from omni_ros.policy.rtc import RtcRequest, normalized_plan
 from omni_ros.policy.smolvla.configuration import SmolVLAConfig
 from omni_ros.policy.tokenizer import Tokenizer
 
 
-class SmolVLAProcessor:
+class SmolVLAProcessor(ChunkProcessor[SmolVLAConfig]):
     def __init__(self, cfg: SmolVLAConfig, norm_stats: NormStats, tokenizer: Tokenizer) -> None:
-        norm_stats.check(cfg.state_dim, cfg.action_dim)
         for method in ("ids", "pad"):
             if not hasattr(tokenizer, method):
                 raise TypeError(f"SmolVLA needs a file tokenizer (tokenizer.json), got {type(tokenizer).__name__}")
-        self.cfg = cfg
-        self.norm_stats = norm_stats
-        self.tokenizer = tokenizer
-        self.spec: ObservationSpec = cfg.observation_spec()
-
-    @property
-    def noise_shape(self) -> tuple[int, int]:
-        return (self.cfg.action_horizon, self.cfg.max_action_dim)
-
-    def metadata(self, name: str, backend: str) -> PolicyMetadata:
-        return self.cfg.policy_metadata(name, backend)
-
-    def parse(self, raw: Mapping[str, Any]) -> Observation:
-        return make_observation(self.spec, raw, tile=False)
+        super().__init__(cfg, norm_stats, tokenizer)
 
     def tokenize(self, prompt: str) -> list[int]:
         """Token ids of the prompt as LeRobot's SmolVLA writes it (a trailing newline), the last max_tokens kept."""
@@ -65,14 +52,7 @@ class SmolVLAProcessor:
         cfg, size = self.cfg, self.cfg.tile_size
         images, masks, states, prompts = [], [], [], []
         for o in observations:
-            tiles = []
-            for name in cfg.camera_names:
-                if o.image_masks[name]:
-                    pixels = torch.from_numpy(o.images[name]).permute(2, 0, 1).float() / 255.0
-                    tiles.append(resize_with_pad_left_top(pixels, size) * 2.0 - 1.0)
-                else:
-                    tiles.append(torch.full((3, size, size), -1.0))
-            images.append(torch.stack(tiles))
+            images.append(camera_tiles(o, cfg.camera_names, size, resize_with_pad_left_top))
             masks.append([o.image_masks[n] for n in cfg.camera_names])
             state = self.norm_stats.normalize_state(o.state)
             states.append(np.pad(state, (0, cfg.max_state_dim - cfg.state_dim)))
