@@ -42,6 +42,12 @@ CLUSTER_ENV = {
     # With the default (1 on Linux) Ray replaces a loopback node IP by the interface address.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
 }
+# Serve kills its HTTP/WebSocket proxy after three 5 s readiness checks: on a robot computer busy with other
+# work (measured: 2 cores while a model loads) the proxy needs longer to start. A variable the user set wins.
+PATIENT_PROXY_ENV = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
+}
 # Every process of a LocalCluster inherits this variable (its value: the cluster's temp dir), which is how
 # `stop()` finds them: Ray renames its workers' command lines, not their environment.
 MARKER = "OMNI_ROS_RAY_CLUSTER"
@@ -96,7 +102,8 @@ class LocalCluster:
     ) -> None:
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
-        self.env = {**CLUSTER_ENV, **(env or {})}
+        patient = {k: v for k, v in PATIENT_PROXY_ENV.items() if k not in os.environ}
+        self.env = {**CLUSTER_ENV, **patient, **(env or {})}
         self.log_to_driver = log_to_driver
         self.temp_dir: Path | None = None
         self._saved_env: dict[str, str | None] = {}
