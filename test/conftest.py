@@ -18,13 +18,16 @@ _RUN = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
 os.environ.setdefault("ROS_DOMAIN_ID", str(100 + (_RUN % 30) * 4 + _WORKER % 4))
 
 # Modules that share one session-cached export (test/helpers/pte_cache.py) run on one worker, so each variant is
-# exported once per run; the rest are spread module by module (module fixtures stay shared). Biggest first.
-SHARED_EXPORTS = {
+# exported once per run; the Ray modules run one after the other (the CLI test counts the processes of every
+# local cluster). The rest are spread module by module (module fixtures stay shared). These groups go first.
+SAME_WORKER = {
     "test_export_xnnpack.py": "pte",
     "test_export_serving.py": "pte",
     "test_export_rtc.py": "pte",
     "test_export_onnx.py": "onnx",
     "test_onnx_qnn.py": "onnx",
+    "test_ray_serve.py": "ray",
+    "test_ray_cli.py": "ray",
 }
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,9 +70,9 @@ def torch_one_thread():
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The long export groups first: a worker that starts them last would finish alone.
-    items.sort(key=lambda item: Path(str(item.path)).name not in SHARED_EXPORTS)
+    items.sort(key=lambda item: Path(str(item.path)).name not in SAME_WORKER)
     for item in items:
-        if Path(str(item.path)).name in SHARED_EXPORTS:
+        if Path(str(item.path)).name in SAME_WORKER:
             # Whichever test first asks for a shared export pays for it in its setup (minutes on 2 busy cores).
             item.add_marker(pytest.mark.timeout(1200))
 
@@ -82,6 +85,6 @@ if importlib.util.find_spec("xdist") is not None:  # the hook exists only with t
         class SharedExportScheduling(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 module = nodeid.split("::", 1)[0]
-                return SHARED_EXPORTS.get(Path(module).name, module)
+                return SAME_WORKER.get(Path(module).name, module)
 
         return SharedExportScheduling(config, log)
