@@ -92,15 +92,9 @@ def read(path: Path, tokenizer: Any = None) -> Checkpoint:
         action_dim=action_dim,
         action_horizon=int(config.get("action_horizon", 50)),
         num_steps=10,
-        vision=arch.vision,
-        backbone=arch.backbone,
-        expert=arch.expert,
         tokenizer=tok_cfg,
-        vocab_size=arch.vocab_size,
-        variant=arch.variant,
-        mlp_activation="gelu_tanh",
         max_state_dim=max(arch.state_width, int(config.get("action_dim", 32)), state_dim),
-        max_action_dim=arch.action_width,
+        **arch.model_fields(),
         processing=ProcessingConfig(
             convention="reference", prompt_format="pi05" if pi05 else "openpi", require_first_camera=False
         ),

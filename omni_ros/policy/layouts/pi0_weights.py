@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from omni_ros.policy.layouts.common import CheckpointError
 from omni_ros.policy.layouts.weights import Place, Placement
@@ -176,6 +176,18 @@ class Architecture:
     state_width: int  # 0 for pi0.5 (no state projection)
     action_width: int
     variant: Literal["pi0", "pi05"]
+
+    def model_fields(self) -> dict[str, Any]:
+        """The ModelConfig fields the weights decide (both reference layouts build their config from these)."""
+        return {
+            "vision": self.vision,
+            "backbone": self.backbone,
+            "expert": self.expert,
+            "vocab_size": self.vocab_size,
+            "variant": self.variant,
+            "mlp_activation": "gelu_tanh",  # the reference models' GELU
+            "max_action_dim": self.action_width,
+        }
 
 
 def architecture(shapes: dict[str, tuple[int, ...]], image_size: int | None, source: str) -> Architecture:
