@@ -149,13 +149,16 @@ def pi0_signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignatur
             ),
             (TensorSpec("velocity", chunk, "float32"),),
         ),
-        MethodSignature(
-            "sample",
-            (images, image_masks, tokens, token_mask, state, TensorSpec("noise", chunk, "float32")),
-            (TensorSpec("actions", chunk, "float32"),),
-        ),
+        fused_signature((images, image_masks, tokens, token_mask, state), chunk),
     ]
     return {m.name: m for m in specs}
+
+
+def fused_signature(inputs: tuple[TensorSpec, ...], chunk: tuple[int, ...]) -> MethodSignature:
+    """`sample`, the whole loop in one method: the staged methods' model inputs and the noise -> actions."""
+    return MethodSignature(
+        "sample", (*inputs, TensorSpec("noise", chunk, "float32")), (TensorSpec("actions", chunk, "float32"),)
+    )
 
 
 def example_inputs(signature: MethodSignature, cfg: Any, seed: int = 0) -> tuple[torch.Tensor, ...]:

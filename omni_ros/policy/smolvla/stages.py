@@ -30,6 +30,7 @@ from omni_ros.export.methods import (
     TensorSpec,
     example_inputs,
     flat_cache,
+    fused_signature,
     paired,
     sample_stage,
 )
@@ -77,11 +78,7 @@ def signatures(cfg: SmolVLAConfig, batch: int = 1) -> dict[str, MethodSignature]
             ),
             (TensorSpec("velocity", chunk, "float32"),),
         ),
-        MethodSignature(
-            "sample",
-            (images, image_masks, tokens, token_mask, state, TensorSpec("noise", chunk, "float32")),
-            (TensorSpec("actions", chunk, "float32"),),
-        ),
+        fused_signature((images, image_masks, tokens, token_mask, state), chunk),
     ]
     return {m.name: m for m in specs}
 
