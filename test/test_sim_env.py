@@ -193,6 +193,27 @@ def test_success_needs_the_tip_to_stay_on_the_block(env):
     assert env.succeeded_at == pytest.approx(start + hold, abs=0.021)
 
 
+def test_reaching_the_block_after_the_episode_ended_is_not_a_success(env):
+    """The sim node keeps stepping for `auto_reset_s` after an episode ends: a failed episode stays failed."""
+    env.reset(2)
+    on = solve_ik(env.arm, np.array(env.scene.block(env.task.target).xy), env.home)
+    while not env.done:
+        env.step(0.05)
+    env.arm.reset(on)
+    env.command(on)
+    for _ in range(int(4 * env.config.success_hold_s / 0.02)):
+        env.step(0.02)
+    assert env.success() and env.succeeded_at is None
+    # The same reach inside the episode succeeds, by the episode's end at the latest.
+    env.reset(2)
+    env.step(env.config.episode_time_s - 2 * env.config.success_hold_s)
+    env.arm.reset(on)
+    env.command(on)
+    while not env.done:
+        env.step(0.02)
+    assert env.succeeded_at is not None and env.succeeded_at <= env.config.episode_time_s
+
+
 def test_invalid_sim_settings_are_refused():
     with pytest.raises(ValueError, match="link_lengths has 2 values for 3 joints"):
         SimEnv(SimConfig(link_lengths=[0.3, 0.3]))

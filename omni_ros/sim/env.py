@@ -92,8 +92,7 @@ class SimEnv(EpisodeClock):
             self.arm.step(h)
             remaining -= h
         self.time += float(dt)
-        if self._hold.succeeded_at is None:
-            self._hold.update(self.success(), self.time, float(dt))
+        self._score_step(float(dt))
 
     def success(self) -> bool:
         """The tool point is on the prompted block now (the episode succeeds once it stays there)."""

@@ -106,3 +106,13 @@ class EpisodeClock:
     @property
     def done(self) -> bool:
         return self.time >= self.config.episode_time_s
+
+    def _score_step(self, dt: float) -> None:
+        """After a step of `dt` ending at `time`: success counts only within the episode. A simulator that
+        keeps running past the end (the node waits `auto_reset_s` before the next episode) must not turn a
+        failed episode into a late success."""
+        if self._hold.succeeded_at is None and self.time <= self.config.episode_time_s + 1e-9:
+            self._hold.update(self.success(), self.time, dt)
+
+    def success(self) -> bool:
+        raise NotImplementedError

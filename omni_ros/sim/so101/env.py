@@ -174,8 +174,7 @@ class So101Env(EpisodeClock):
         if n > 0:
             mujoco.mj_step(self.model, self.data, nstep=n)
         self.time += float(dt)
-        if self._hold.succeeded_at is None:
-            self._hold.update(self.success(), self.time, float(dt))
+        self._score_step(float(dt))
 
     @property
     def scene(self) -> Scene | None:
