@@ -35,12 +35,9 @@ ARM = {"state_dim": 3, "action_dim": 3}
 
 def onnx_worker(args: argparse.Namespace) -> dict[str, Any]:
     """ONNX Runtime's CPU EP in this (fresh) process."""
-    from dataclasses import asdict
-
     import torch
 
     from omni_ros.backends.onnx_runner import load_onnx
-    from omni_ros.export.methods import prefix_mask_of
 
     torch.set_num_threads(args.threads[0])
     start = time.perf_counter()
@@ -48,22 +45,11 @@ def onnx_worker(args: argparse.Namespace) -> dict[str, Any]:
     obs = backends.observation(policy.metadata.camera_names, policy.metadata.state_dim)
     first = policy.infer(obs)
     result: dict[str, Any] = {"cold_start_ms": round((time.perf_counter() - start) * 1e3, 1)}
-    runner, cfg = policy.runner, policy.processor.cfg
-    inputs = asdict(policy.processor.inputs([policy.processor.parse(obs)]))
-    image_tokens = runner._run("encode_images", inputs)[0]
-    prefill = {**inputs, "image_tokens": image_tokens}
-    kv = dict(zip(runner._kv_names, runner._run("prefill", prefill), strict=True))
-    step = {
-        **kv,
-        "prefix_mask": prefix_mask_of(inputs["image_masks"], inputs["token_mask"], cfg.vision.num_tokens),
-        "state": inputs["state"],
-        "x_t": torch.randn(1, cfg.action_horizon, cfg.action_dim),
-        "t": torch.full((1,), 0.5),
-    }
+    # Each graph timed on the very inputs one inference gave it (the family's stage plan chains them).
+    runner, recorded = policy.runner, record_calls(policy, obs)
+    repeats = {"denoise_step": 3}
     result["methods_ms"] = {
-        "encode_images": median_ms(lambda: runner._run("encode_images", inputs), args.runs),
-        "prefill": median_ms(lambda: runner._run("prefill", prefill), args.runs),
-        "denoise_step": median_ms(lambda: runner._run("denoise_step", step), args.runs * 3),
+        m: median_ms(lambda m=m: runner._call(m, recorded[m]), args.runs * repeats.get(m, 1)) for m in recorded
     }
     staged = median_ms(lambda: policy.infer(obs), args.runs)
     policy.close()
@@ -71,13 +57,28 @@ def onnx_worker(args: argparse.Namespace) -> dict[str, Any]:
     fused_actions = fused.infer(obs)["actions"]
     result["fused_matches_staged_max_abs"] = float(np.abs(fused_actions - first["actions"]).max())
     result["end_to_end_ms"] = {"staged": staged, "fused": median_ms(lambda: fused.infer(obs), args.runs)}
-    noise = torch.randn(1, cfg.action_horizon, cfg.action_dim)
-    result["methods_ms"]["sample"] = median_ms(
-        lambda: fused.runner._run("sample", {**inputs, "noise": noise}), args.runs
-    )
+    sample = record_calls(fused, obs)["sample"]
+    result["methods_ms"]["sample"] = median_ms(lambda: fused.runner._call("sample", sample), args.runs)
     result["peak_rss_mb"] = backends.peak_rss_mb()
     result["actions"] = first["actions"].tolist()
     return result
+
+
+def record_calls(policy, obs: dict[str, Any]) -> dict[str, list]:
+    """The inputs of the first call of each graph during one inference of `policy` (an ONNX runner)."""
+    runner, recorded = policy.runner, {}
+    call = runner._call
+
+    def recording(method: str, tensors: list) -> list:
+        recorded.setdefault(method, list(tensors))
+        return call(method, tensors)
+
+    runner._call = recording
+    try:
+        policy.infer(obs)
+    finally:
+        del runner._call  # back to the class's method
+    return recorded
 
 
 def run_onnx_worker(args: argparse.Namespace, threads: int, folder: Path) -> dict[str, Any]:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# Shared fixtures of the reference checkpoints (their modules name what they provide).
+pytest_plugins = ["helpers.smolvla_fixture"]
+
 # Set before anything imports rclpy, and inherited by every child process.
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 # One domain per run and per xdist worker (gw0, gw1, ...): two workers never see each other's topics.
@@ -26,6 +29,7 @@ SAME_WORKER = {
     "test_export_rtc.py": "pte",
     "test_export_onnx.py": "onnx",
     "test_onnx_qnn.py": "onnx",
+    "test_onnx_smolvla.py": "onnx",
     "test_ray_serve.py": "ray",
     "test_ray_cli.py": "ray",
 }

@@ -4,14 +4,12 @@ reuses the prefix cache; the fused loop traces to eager; QNN is planned and cali
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from helpers.pte_cache import CountingMethod, exported_smolvla
+from helpers.smolvla_fixture import assert_matches_eager_and_lerobot, assert_quantized_close, cases
 from omni_ros.backends.executorch_runner import load_pte
 from omni_ros.backends.factory import load_policy
 from omni_ros.config import PolicyConfig
@@ -29,24 +27,6 @@ pytestmark = [
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def fixture(root):
-    reference = root / "test" / "fixtures" / "reference"
-    manifest = json.loads((reference / "manifest.json").read_text())["fixtures"]["smolvla_3cam"]
-    return reference, manifest
-
-
-@pytest.fixture(scope="module")
-def checkpoint(fixture):
-    reference, manifest = fixture
-    return reference / manifest["path"]
-
-
-@pytest.fixture(scope="module")
-def eager(checkpoint):
-    return load(checkpoint)
-
-
 @pytest.fixture(scope="session")
 def fp32_pte(tmp_path_factory, root):
     return exported_smolvla(tmp_path_factory.getbasetemp(), root / "test/fixtures/reference/smolvla_3cam", "fp32")
@@ -57,26 +37,14 @@ def int8_pte(tmp_path_factory, root):
     return exported_smolvla(tmp_path_factory.getbasetemp(), root / "test/fixtures/reference/smolvla_3cam", "int8")
 
 
-def _cases(fixture):
-    reference, manifest = fixture
-    for case in manifest["cases"].values():
-        t = load_file(str(reference / case["file"]))
-        images = {k.removeprefix("observation.images."): t[f"observation/{k}"].numpy() for k in case["present_cameras"]}
-        yield {"images": images, "state": t["observation/observation.state"].numpy(), "prompt": case["prompt"]}, t
-
-
-def test_staged_pte_matches_eager_and_lerobot(fp32_pte, fixture, eager):
+def test_staged_pte_matches_eager_and_lerobot(fp32_pte, smolvla_reference, smolvla_eager):
     policy = load_pte(fp32_pte)
     assert policy.runner.mode == "staged" and policy.metadata.backend == "executorch-xnnpack"
-    assert policy.metadata == eager.processor.metadata(policy.metadata.model, policy.metadata.backend)
-    for obs, t in _cases(fixture):
-        noise = t["noise"][0].numpy()
-        got = policy.infer(obs, noise=noise)["actions"]
-        np.testing.assert_allclose(got, eager.infer(obs, noise=noise)["actions"], rtol=0, atol=TOL)
-        np.testing.assert_allclose(got, t["actions"][0].numpy(), rtol=0, atol=TOL)
+    assert policy.metadata == smolvla_eager.processor.metadata(policy.metadata.model, policy.metadata.backend)
+    assert_matches_eager_and_lerobot(policy, smolvla_reference, smolvla_eager, TOL)
 
 
-def test_fused_sample_traces_to_eager(fixture, checkpoint):
+def test_fused_sample_traces_to_eager(smolvla_reference, smolvla_checkpoint):
     """The fused method's program (export forms, static shapes: every camera slot encoded, the missing ones
     masked; the prompt padded to max_tokens) gives the eager loop's actions. Checked on the traced program
     without lowering it (lowering costs minutes of CPU in tests; the runner's fused mode is pi0's, tested there)."""
@@ -84,14 +52,14 @@ def test_fused_sample_traces_to_eager(fixture, checkpoint):
 
     from omni_ros.export.forms import use_export_forms
 
-    eager = load(checkpoint, num_steps=2)
+    eager = load(smolvla_checkpoint, num_steps=2)
     model, processor = eager.runner.model, eager.processor
     work = use_export_forms(copy.deepcopy(model))
     plan = stage_plan(model.cfg)
     sig = plan.signatures(model.cfg)["sample"]
     with torch.no_grad():
         program = torch.export.export(plan.module(work, "sample", 2), plan.example_inputs(sig, model.cfg)).module()
-        for obs, t in _cases(fixture):
+        for obs, t in cases(smolvla_reference):
             inputs = processor.inputs([processor.parse(obs)])
             noise = t["noise"][:1]
             fused = plan.fused_inputs(model.cfg, inputs)
@@ -100,29 +68,29 @@ def test_fused_sample_traces_to_eager(fixture, checkpoint):
             np.testing.assert_allclose(got, model.sample(inputs, noise, num_steps=2), rtol=0, atol=TOL)
 
 
-def test_staged_encodes_present_cameras_and_reuses_the_prefix_cache(fp32_pte, fixture):
+def test_staged_encodes_present_cameras_and_reuses_the_prefix_cache(fp32_pte, smolvla_reference):
     policy = load_pte(fp32_pte, num_steps=3)
     calls: list[str] = []
     policy.runner._methods = {n: CountingMethod(m, calls, n) for n, m in policy.runner._methods.items()}
-    for obs, _ in _cases(fixture):
+    for obs, _ in cases(smolvla_reference):
         calls.clear()
         policy.infer(obs)
         assert calls == ["encode_image"] * len(obs["images"]) + ["prefill"] + ["denoise_step"] * 3
 
 
-def test_sidecar_names_the_family_and_factory_loads_it(fp32_pte, fixture, eager):
+def test_sidecar_names_the_family_and_factory_loads_it(fp32_pte, smolvla_reference, smolvla_eager):
     sidecar = read_sidecar(fp32_pte)
-    assert sidecar.family == "smolvla" and sidecar.model.to_dict() == eager.processor.cfg.to_dict()
+    assert sidecar.family == "smolvla" and sidecar.model.to_dict() == smolvla_eager.processor.cfg.to_dict()
     assert sidecar.tokenizer_file and (fp32_pte.parent / sidecar.tokenizer_file).is_file()
     assert set(sidecar.methods) == set(stage_plan("smolvla").staged)
     for method, report in sidecar.delegation.items():
         for heavy in ("linear", "bmm", "convolution", "mm"):
             assert heavy not in report["portable"], (method, report["portable"])
-    _, manifest = fixture
+    _, manifest = smolvla_reference
     cameras = [c.removeprefix("observation.images.") for c in manifest["cameras"]]
     config = PolicyConfig(backend="executorch", pte=str(fp32_pte))
     policy = load_policy(config, camera_names=cameras, state_dim=manifest["state_dim"])
-    obs, t = next(_cases(fixture))
+    obs, t = next(cases(smolvla_reference))
     assert policy.infer(obs, noise=t["noise"][0].numpy())["actions"].shape == (8, 7)
 
 
@@ -132,23 +100,15 @@ def test_sidecar_names_the_family_and_factory_loads_it(fp32_pte, fixture, eager)
 INT8_MAX_NORMALIZED, INT8_RELATIVE_L2 = 0.15, 0.04
 
 
-def test_int8_within_asserted_tolerance(int8_pte, fixture, eager):
+def test_int8_within_asserted_tolerance(int8_pte, smolvla_reference, smolvla_eager):
     policy = load_pte(int8_pte)
     assert policy.metadata.backend == "executorch-xnnpack-int8-dynamic"
     assert "torchao.quantize_affine.default" in read_sidecar(int8_pte).delegation["denoise_step"]["delegated"]
-    stats = eager.processor.norm_stats
-    std, mean = np.asarray(stats.action_std), np.asarray(stats.action_mean)
-    for obs, t in _cases(fixture):
-        noise = t["noise"][0].numpy()
-        got, expected = policy.infer(obs, noise=noise)["actions"], eager.infer(obs, noise=noise)["actions"]
-        diff = np.abs(got - expected).max(axis=0) / std
-        relative = np.linalg.norm(got - expected) / np.linalg.norm(expected - mean)
-        assert 0 < diff.max() <= INT8_MAX_NORMALIZED, diff  # quantized (not bit-identical), yet close
-        assert relative <= INT8_RELATIVE_L2, relative
+    assert_quantized_close(policy, smolvla_reference, smolvla_eager, INT8_MAX_NORMALIZED, INT8_RELATIVE_L2)
 
 
-def test_qnn_plan_and_calibration_without_the_sdk(eager, monkeypatch, tmp_path, checkpoint):
-    model, cfg = eager.runner.model, eager.processor.cfg
+def test_qnn_plan_and_calibration_without_the_sdk(smolvla_eager, monkeypatch, tmp_path, smolvla_checkpoint):
+    model, cfg = smolvla_eager.runner.model, smolvla_eager.processor.cfg
     plan = qnn_plan(cfg, QnnOptions(), stage_plan(cfg).methods)
     sigs = signatures(cfg)
     assert plan["methods"]["prefill"] == sigs["prefill"].to_dict()
@@ -166,12 +126,12 @@ def test_qnn_plan_and_calibration_without_the_sdk(eager, monkeypatch, tmp_path, 
 
     monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
     with pytest.raises(QnnSdkError, match="QNN_SDK_ROOT is not set"):
-        export_checkpoint(checkpoint, tmp_path / "smolvla_qnn.pte", target="qnn")
+        export_checkpoint(smolvla_checkpoint, tmp_path / "smolvla_qnn.pte", target="qnn")
     assert not (tmp_path / "smolvla_qnn.pte").exists()
 
 
-def test_unknown_method_for_the_family_refused(tmp_path, checkpoint):
+def test_unknown_method_for_the_family_refused(tmp_path, smolvla_checkpoint):
     from omni_ros.export.exporter import export_checkpoint
 
     with pytest.raises(ValueError, match="unknown methods \\['encode_images'\\] for a smolvla model"):
-        export_checkpoint(checkpoint, tmp_path / "x.pte", methods=("encode_images", "prefill"))
+        export_checkpoint(smolvla_checkpoint, tmp_path / "x.pte", methods=("encode_images", "prefill"))

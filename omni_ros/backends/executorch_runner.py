@@ -29,13 +29,12 @@ from pathlib import Path
 
 import torch
 
-from omni_ros.backends.exported import exported_policy
+from omni_ros.backends.exported import exported_policy, staged_sampler
 from omni_ros.export.methods import GUIDED_STEP, stage_plan
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
-from omni_ros.policy.rtc import RtcError, RtcPlan, per_token_times, rtc_sample
-from omni_ros.policy.sampler import euler_sample
+from omni_ros.policy.rtc import RtcError, RtcPlan
 from omni_ros.typed_config import ConfigError
 
 MODES = ("auto", "staged", "fused")
@@ -138,22 +137,8 @@ class ExecuTorchRunner:
                 clock.lap("denoise_ms")
                 return Sampled(actions.numpy(), clock.ms)
             # The family's chaining: the prefix KV cache is computed once and read by every denoising step.
-            horizon, per_token = self.cfg.action_horizon, self.per_token
-
-            def sample(velocity, guided) -> torch.Tensor:
-                def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-                    return velocity(x, per_token_times(t, horizon, per_token))
-
-                def guided_step(x, t, target, weights, weight):
-                    return guided(x, per_token_times(t, horizon, per_token), target, weights, weight)
-
-                if rtc is None or rtc.target is None:  # (refused above when a plan lacks its target)
-                    return euler_sample(denoise, noise, num_steps)
-                # The exported guided step is the only gradient here: there is no eager autograd to fall back on.
-                step = guided_step if "guided" in self.rtc_methods else None
-                clean = getattr(self.cfg, "rtc_max_delay", 0) > 0
-                return rtc_sample(denoise, noise, num_steps, rtc.target, rtc.request, clean, guided_step=step)
-
+            guided = "guided" in self.rtc_methods
+            sample = staged_sampler(self.cfg, noise, num_steps, rtc, per_token=self.per_token, guided=guided)
             actions = self.plan.run_staged(self.cfg, self._run, inputs, noise, num_steps, clock, sample)
         return Sampled(actions.numpy(), clock.ms)
 

@@ -9,8 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from omni_ros.export.methods import SampleFn
 from omni_ros.policy import families
 from omni_ros.policy.pipeline import InferencePipeline, Runner
+from omni_ros.policy.rtc import RtcPlan, per_token_times, rtc_sample
+from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.tokenizer import make_tokenizer
 
 
@@ -34,3 +39,28 @@ def exported_policy(
     processor = families.get(sidecar.family).build_processor(cfg, sidecar.norm_stats, tokenizer)
     steps = num_steps or (sidecar.num_steps if fused else cfg.num_steps)
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or sidecar.name)
+
+
+def staged_sampler(
+    cfg: Any, noise: torch.Tensor, num_steps: int, rtc: RtcPlan | None, *, per_token: bool, guided: bool
+) -> SampleFn:
+    """The sampler a runtime hands its family's `run_staged`: plain Euler steps, or real-time chunking around the
+    exported denoise_step (hard inpainting; guided with the exported guided step where `guided`). A model trained
+    with training-time RTC takes per-token times (`per_token`)."""
+    horizon = cfg.action_horizon
+
+    def sample(velocity, guided_call) -> torch.Tensor:
+        def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return velocity(x, per_token_times(t, horizon, per_token))
+
+        def guided_step(x, t, target, weights, weight):
+            return guided_call(x, per_token_times(t, horizon, per_token), target, weights, weight)
+
+        if rtc is None or rtc.target is None:  # (runners refuse a plan without its target before sampling)
+            return euler_sample(denoise, noise, num_steps)
+        # An exported guided step is the only gradient here: there is no eager autograd to fall back on.
+        clean = getattr(cfg, "rtc_max_delay", 0) > 0
+        step = guided_step if guided else None
+        return rtc_sample(denoise, noise, num_steps, rtc.target, rtc.request, clean, guided_step=step)
+
+    return sample

@@ -4,8 +4,9 @@ inference path.
     policy = load_onnx("policy_htp/", providers=["qnn-htp"])     # observation dict -> action chunk
     out = policy.infer({"images": {...}, "state": ..., "prompt": "..."})
 
-The runner is the backend: model inputs in, normalized actions out, either through the staged graphs
-(`encode_images`, `prefill` once, its KV cache read by every `denoise_step` of the Euler loop) or one call of the
+The runner is the backend: model inputs in, normalized actions out, either through the staged graphs, chained as
+the model family's `StagePlan` says (pi0: `encode_images`, `prefill` once, its KV cache read by every
+`denoise_step` of the Euler loop; SmolVLA: `encode_image` per camera present, then the same), or one call of the
 fused `sample` graph. Sessions are created in the constructor (for the HTP: loaded from the export's compiled cache,
 or compiled once and cached), never per request.
 """
@@ -13,16 +14,14 @@ or compiled once and cached), never per request.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from omni_ros.backends.exported import exported_policy
-from omni_ros.export.methods import STAGED, prefix_mask_of
+from omni_ros.backends.exported import exported_policy, staged_sampler
+from omni_ros.export.methods import stage_plan
 from omni_ros.export.ort_session import (
     HtpCache,
     HtpTarget,
@@ -33,9 +32,8 @@ from omni_ros.export.ort_session import (
 )
 from omni_ros.export.sidecar import OnnxModelError, check_compatible, read_onnx_sidecar
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.pipeline import InferencePipeline, Sampled
-from omni_ros.policy.rtc import RtcError, RtcPlan, per_token_times, rtc_sample
-from omni_ros.policy.sampler import euler_sample
+from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
+from omni_ros.policy.rtc import RtcError, RtcPlan
 
 MODES = ("auto", "staged", "fused")
 
@@ -69,10 +67,12 @@ class OnnxRunner:
             qnn_ep_devices(import_onnxruntime())  # a missing qnn extra is the first thing to hear about
         sidecar = read_onnx_sidecar(folder)
         check_compatible(sidecar, str(folder), camera_names, state_dim, action_dim, error=OnnxModelError)
-        staged = all(m in sidecar.methods for m in STAGED)
+        # The model family says which graphs exist and how one inference chains them.
+        self.plan = plan = stage_plan(sidecar.family)
+        staged = all(m in sidecar.methods for m in plan.staged)
         if mode == "auto":
             mode = "staged" if staged else "fused"
-        needed = STAGED if mode == "staged" else ("sample",)
+        needed = plan.staged if mode == "staged" else ("sample",)
         missing = [m for m in needed if m not in sidecar.methods]
         if missing:
             raise OnnxModelError(f"{folder}: {mode} mode needs methods {list(needed)}, it has {list(sidecar.methods)}")
@@ -98,12 +98,12 @@ class OnnxRunner:
                 session = open_session(path, providers, num_threads=num_threads)
             self._sessions[method] = session
         self._inputs = {m: [i.name for i in s.get_inputs()] for m, s in self._sessions.items()}
-        self._kv_names = [o.name for o in self._sessions["prefill"].get_outputs()] if mode == "staged" else []
         self._lock = threading.Lock()
         # Real-time chunking: hard prefix inpainting around the staged denoise_step (no gradient in a graph).
         self.rtc_methods: tuple[str, ...] = ("inpaint",) if mode == "staged" else ()
         # A graph of a training-time-RTC model takes per-token times (B, H).
-        self.per_token = mode == "staged" and len(sidecar.methods["denoise_step"].inputs[3].shape) == 2
+        times = [s for s in sidecar.methods["denoise_step"].inputs if s.name == "t"] if mode == "staged" else []
+        self.per_token = bool(times) and len(times[0].shape) == 2
         quant = "" if sidecar.quantize == "none" else f"-{sidecar.quantize}"
         self.backend = f"onnxruntime-{providers[0]}{quant}"
 
@@ -111,6 +111,12 @@ class OnnxRunner:
         """Run `method` on the named inputs it takes (graphs drop inputs they do not use)."""
         arrays = {n: np.ascontiguousarray(_numpy(feeds[n])) for n in self._inputs[method]}
         return self._sessions[method].run(None, arrays)
+
+    def _call(self, method: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The family's `run(method, tensors)`: positional inputs, in the order of the method's signature."""
+        names = [spec.name for spec in self.sidecar.methods[method].inputs]
+        outputs = self._run(method, dict(zip(names, tensors, strict=True)))
+        return [torch.from_numpy(x) for x in outputs]
 
     def sample(
         self, model_inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None
@@ -121,49 +127,25 @@ class OnnxRunner:
         if rtc is not None and (rtc.target is None or rtc.request.method not in self.rtc_methods):
             offer = ", ".join(self.rtc_methods) or "none (fused graphs)"
             raise RtcError(f"{self.folder}: rtc method '{rtc.request.method}' is not served here (it serves: {offer})")
-        inputs = {f.name: getattr(model_inputs, f.name) for f in fields(model_inputs)}
         with self._lock:  # one session run at a time: callers may share a policy across threads
+            clock = StageClock()
             if self.mode == "fused":
                 if num_steps != self.sidecar.num_steps:
                     raise OnnxModelError(
                         f"{self.folder}: its fused 'sample' runs {self.sidecar.num_steps} Euler steps, asked for "
                         f"{num_steps}; export with --num-steps {num_steps} or use the staged graphs"
                     )
-                begin = time.perf_counter()
-                chunk = self._run("sample", {**inputs, "noise": noise})[0]
                 # One call runs encoder, prefill and the loop: the time is reported as denoise_ms.
-                return Sampled(chunk, {"denoise_ms": (time.perf_counter() - begin) * 1e3})
-            stamps = [time.perf_counter()]
-            image_tokens = self._run("encode_images", inputs)[0]
-            stamps.append(time.perf_counter())
-            # The prefix KV cache: computed once, read by every denoising step below.
-            cache = self._run("prefill", {**inputs, "image_tokens": image_tokens})
-            kv = dict(zip(self._kv_names, cache, strict=True))
-            stamps.append(time.perf_counter())
-            feeds = {
-                **kv,
-                "prefix_mask": prefix_mask_of(inputs["image_masks"], inputs["token_mask"], self.cfg.vision.num_tokens),
-                "state": inputs["state"],
-            }
-
-            horizon, per_token = self.cfg.action_horizon, self.per_token
-
-            def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-                t = per_token_times(t, horizon, per_token)
-                return torch.from_numpy(self._run("denoise_step", {**feeds, "x_t": x, "t": t})[0])
-
-            if rtc is None or rtc.target is None:
-                actions = euler_sample(velocity, noise, num_steps)
-            else:
-                clean = self.cfg.rtc_max_delay > 0
-                actions = rtc_sample(velocity, noise, num_steps, rtc.target, rtc.request, clean_prefix=clean)
-            stamps.append(time.perf_counter())
-        stage_ms = {
-            "embed_prefix_ms": (stamps[1] - stamps[0]) * 1e3,
-            "prefill_ms": (stamps[2] - stamps[1]) * 1e3,
-            "denoise_ms": (stamps[3] - stamps[2]) * 1e3,
-        }
-        return Sampled(actions.numpy(), stage_ms)
+                clock.lap("embed_prefix_ms")
+                clock.lap("prefill_ms")
+                chunk = self._call("sample", [*self.plan.fused_inputs(self.cfg, model_inputs), noise])[0]
+                clock.lap("denoise_ms")
+                return Sampled(chunk.numpy(), clock.ms)
+            # The family's chaining: the prefix KV cache is computed once and read by every denoising step.
+            # No gradient in a graph: RTC is hard inpainting of the prefix around denoise_step.
+            sample = staged_sampler(self.cfg, noise, num_steps, rtc, per_token=self.per_token, guided=False)
+            actions = self.plan.run_staged(self.cfg, self._call, model_inputs, noise, num_steps, clock, sample)
+        return Sampled(actions.numpy(), clock.ms)
 
     def close(self) -> None:
         with self._lock:

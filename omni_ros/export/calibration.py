@@ -5,8 +5,8 @@
     DIR        a demonstration dataset folder (`omni-ros sim collect`, shards + meta.json): recorded observations
     random     uniform pixels, random prompts and states (only for plumbing tests: ranges will not match data)
 
-Observations go through the policy's own preprocessing (`make_observation`, the tokenizer, the norm stats,
-`model_inputs`), so the activation ranges are measured on exactly what the model sees at run time.
+Observations go through the model family's own processor (parsing, tiling, the tokenizer, the norm stats), so
+the activation ranges are measured on exactly what the model sees at run time.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from omni_ros.errors import OmniRosError
-from omni_ros.observation import make_observation
+from omni_ros.policy.family_base import ChunkConfig
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.pi0.configuration import ModelConfig
-from omni_ros.policy.pi0.processing import model_inputs
-from omni_ros.policy.tokenizer import Tokenizer
 
 SOURCES = ("sim", "random")
 
@@ -31,7 +29,7 @@ class CalibrationError(OmniRosError, ValueError):
     """The calibration source cannot give observations for this model."""
 
 
-def sim_observations(cfg: ModelConfig, samples: int, seed: int = 0) -> list[dict[str, Any]]:
+def sim_observations(cfg: ChunkConfig, samples: int, seed: int = 0) -> list[dict[str, Any]]:
     """`samples` observations of the simulated arm: one episode per sample, the arm moved to a random pose."""
     from omni_ros.sim.config import SimConfig
     from omni_ros.sim.env import SimEnv
@@ -58,7 +56,7 @@ def sim_observations(cfg: ModelConfig, samples: int, seed: int = 0) -> list[dict
     return out
 
 
-def dataset_observations(path: str | Path, cfg: ModelConfig, samples: int) -> list[dict[str, Any]]:
+def dataset_observations(path: str | Path, cfg: ChunkConfig, samples: int) -> list[dict[str, Any]]:
     """`samples` observations spread evenly over a recorded dataset."""
     from omni_ros.sim.dataset import DatasetError, iter_samples, read_meta
 
@@ -86,7 +84,7 @@ def dataset_observations(path: str | Path, cfg: ModelConfig, samples: int) -> li
     return out
 
 
-def calibration_observations(source: str, cfg: ModelConfig, samples: int, seed: int = 0) -> list[dict] | None:
+def calibration_observations(source: str, cfg: ChunkConfig, samples: int, seed: int = 0) -> list[dict] | None:
     """Raw observations from `source` (sim, random or a dataset folder); None for random."""
     if samples < 1:
         raise CalibrationError("calibration needs at least one sample")
@@ -100,8 +98,11 @@ def calibration_observations(source: str, cfg: ModelConfig, samples: int, seed: 
 
 
 def observation_inputs(
-    cfg: ModelConfig, tokenizer: Tokenizer, norm_stats: NormStats, observations: list[dict[str, Any]]
+    cfg: ChunkConfig, tokenizer: Any, norm_stats: NormStats, observations: list[dict[str, Any]]
 ) -> list[ModelInputs]:
-    """Each observation through the policy's preprocessing: model inputs of batch 1."""
-    spec = cfg.observation_spec()
-    return [model_inputs(cfg, tokenizer, norm_stats, [make_observation(spec, obs)]) for obs in observations]
+    """Each observation through the family's processor, as the policy runs it: model inputs of batch 1."""
+    from omni_ros.policy import families
+
+    processor = families.get(cfg.family).build_processor(cfg, norm_stats, tokenizer)
+    cpu = torch.device("cpu")
+    return [processor.inputs([processor.parse(obs)], cpu, torch.float32) for obs in observations]

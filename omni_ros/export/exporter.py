@@ -107,8 +107,6 @@ def export_policy(
     steps = num_steps or cfg.num_steps
     start = time.perf_counter()
     if target in ("onnx", "qnn-onnx"):
-        if plan.family != "pi0":
-            raise ValueError(f"--target {target} exports pi0-family models only; export {plan.family} to a .pte")
         return _export_onnx(model, norm_stats, out, target, methods, steps, name, tokenizer_file, qnn, calibration)
     timings: dict[str, float] = {}
     work = use_export_forms(copy.deepcopy(model).float().eval())

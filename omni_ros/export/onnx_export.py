@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
-from omni_ros.export.methods import example_inputs, method_module, signatures
+from omni_ros.export.methods import method_module, signatures, stage_plan
 from omni_ros.export.qnn import QnnOptions
 from omni_ros.export.sidecar import (
     ONNX_FORMAT,
@@ -42,7 +43,6 @@ from omni_ros.export.sidecar import (
     write_atomic,
 )
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.pi0.modeling import Pi0Model
 
 ONNX_TARGETS = ("onnx", "qnn-onnx")
 # 21: the first opset with 16-bit QuantizeLinear/DequantizeLinear, which int16 activations for the HTP need.
@@ -68,15 +68,16 @@ def _quiet():
     return stack
 
 
-def export_method_graph(model: Pi0Model, method: str, path: Path, num_steps: int) -> float:
-    """Trace `method` of `model` (already in its export forms) to ONNX at `path`; returns the seconds it took."""
-    cfg = model.cfg
+def export_method_graph(model: nn.Module, method: str, path: Path, num_steps: int) -> float:
+    """Trace `method` of `model` (any family, already in its export forms) to ONNX at `path`; returns the seconds
+    it took."""
+    cfg: Any = model.cfg
     sig = signatures(cfg)[method]
     start = time.perf_counter()
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
             method_module(model, method, num_steps),
-            example_inputs(sig, cfg),
+            stage_plan(cfg).example_inputs(sig, cfg),
             dynamo=True,
             opset_version=OPSET,
             input_names=[s.name for s in sig.inputs],
@@ -118,12 +119,17 @@ def prepare_for_htp(path: Path, out: Path) -> dict[str, int]:
     - Reciprocal(x) -> Div(1, x): the HTP's quantized Reciprocal is far less accurate than its Div (measured on the
       emulator: a QDQ ViT block 0.2 away from the CPU EP with Reciprocal, 2.5e-3 with Div).
     - mask sentinels (constants <= -1e9, -inf) -> HTP_MASK_VALUE (see there).
+    - Transpose(p) followed by its inverse Transpose -> neither. SmolVLA's prefill splits the heads of a K / V
+      projection (a transpose for the backbone's attention) and merges them again for the expert's cross-attention
+      re-projection; quantized, the QNN EP's layout pass leaves such a pair as a bare Transpose on quantized data
+      that it cannot place, and the graph falls apart into CPU islands.
     """
     import onnx
     from onnx import helper, numpy_helper
 
     model = onnx.load(path)
     counts = {"reciprocal_to_div": 0, "mask_constants": 0}
+    counts["inverse_transposes"] = _cancel_inverse_transposes(model.graph)
     one = "omni_ros_one"
     nodes = []
     for node in model.graph.node:
@@ -152,12 +158,47 @@ def prepare_for_htp(path: Path, out: Path) -> dict[str, int]:
     return counts
 
 
+def _cancel_inverse_transposes(graph) -> int:
+    """Remove every Transpose that undoes the Transpose feeding it (its readers read the first one's input);
+    returns how many pairs were cancelled. The first Transpose stays while something else reads it."""
+    from onnx import helper
+
+    producer = {out: node for node in graph.node for out in node.output}
+    outputs = {o.name for o in graph.output}
+
+    def perm(node) -> list[int] | None:
+        return next((list(helper.get_attribute_value(a)) for a in node.attribute if a.name == "perm"), None)
+
+    renamed: dict[str, str] = {}
+    dropped = set()
+    for node in graph.node:
+        first = producer.get(node.input[0]) if node.op_type == "Transpose" else None
+        if first is None or first.op_type != "Transpose" or node.output[0] in outputs:
+            continue
+        p1, p2 = perm(first), perm(node)
+        if p1 is None or p2 is None or [p1[i] for i in p2] != list(range(len(p2))):
+            continue
+        renamed[node.output[0]] = first.input[0]
+        dropped.add(id(node))
+    if not renamed:
+        return 0
+    kept = [n for n in graph.node if id(n) not in dropped]
+    for node in kept:
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+    read = {name for node in kept for name in node.input} | outputs
+    kept = [n for n in kept if n.op_type != "Transpose" or any(o in read for o in n.output)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return len(renamed)
+
+
 def _is_mask_sentinel(value: np.ndarray) -> bool:
     return value.dtype.kind == "f" and 0 < value.size <= 16 and bool(np.all(value <= MASK_SENTINEL))
 
 
 def export_onnx(
-    model: Pi0Model,
+    model: nn.Module,
     norm_stats: NormStats,
     out: str | Path,
     *,
@@ -187,7 +228,7 @@ def export_onnx(
     # A re-export replaces the whole folder's meaning: without the old sidecar and cache nothing stale is trusted.
     for stale in (out / ONNX_SIDECAR, out / "qnn_cache.json", *out.glob("*.qnn_ctx.onnx")):
         stale.unlink(missing_ok=True)
-    cfg = model.cfg
+    cfg: Any = model.cfg
     work = use_export_forms(copy.deepcopy(model).float().eval())
     timings: dict[str, float] = {}
     report: dict[str, Any] = {}

@@ -20,6 +20,8 @@ from omni_ros.typed_config import from_dict, to_dict
 class ChunkConfig:
     """The robot side of a flow-matching chunk policy: cameras, dims, chunk timing, sampling steps."""
 
+    # The model family (omni_ros.policy.families) that runs this config: each subclass names its own.
+    family: ClassVar[str]
     name: str = "small"
     camera_names: list[str] = field(default_factory=lambda: ["base", "wrist"])
     state_dim: int = 8

@@ -12,6 +12,8 @@ It is slower in eager PyTorch, so it is off unless
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,6 +38,50 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     angles = positions.float()[:, None, :, None] * inv_freq
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+# (positions (B, T), head_dim, theta, dtype) -> cos, sin of shape (B, 1, T, head_dim / 2): a family's convention.
+RopeFn = Callable[[torch.Tensor, int, float, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
+
+
+class RotaryTable(nn.Module):
+    """Rotary cos/sin for integer positions, as the family's `rope` computes them.
+
+    The export form looks them up in a table of positions -1 .. max_position - 1 made by the same `rope` (the same
+    numbers, bit for bit), so the exported graph has no sin/cos of an angle. Quantized for the HTP, an angle of
+    position / theta^(2i/d) spans a hundred radians or more, and its rounding alone turns sin and cos into noise
+    (measured on the SmolVLA fixture: keys 1.4 away on a scale of 3 with 16-bit activations); the table's entries
+    stay in [-1, 1]. Position -1 is what a cumulative-sum position gives a padded token before the first valid one.
+    """
+
+    export_form = False
+
+    def __init__(self, rope: RopeFn, head_dim: int, theta: float, max_position: int) -> None:
+        super().__init__()
+        self.rope, self.head_dim, self.theta, self.max_position = rope, head_dim, theta, max_position
+        cos, sin = self.make_tables(torch.device("cpu"))
+        self.cos_table: torch.Tensor
+        self.sin_table: torch.Tensor
+        self.register_buffer("cos_table", cos, persistent=False)
+        self.register_buffer("sin_table", sin, persistent=False)
+
+    def make_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (max_position + 1, head_dim / 2) of positions -1 .. max_position - 1, float32."""
+        rows = torch.arange(-1, self.max_position, device=device)[None]
+        cos, sin = self.rope(rows, self.head_dim, self.theta, torch.float32)
+        return cos[0, 0], sin[0, 0]
+
+    def init_buffers(self) -> None:
+        device = self.cos_table.device
+        self.cos_table, self.sin_table = self.make_tables(torch.device("cpu") if device.type == "meta" else device)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.export_form:
+            return self.rope(positions, self.head_dim, self.theta, dtype)
+        # A row lookup, as a token embedding is (one Gather each: the form every backend places).
+        rows = positions + 1
+        cos, sin = F.embedding(rows, self.cos_table), F.embedding(rows, self.sin_table)
+        return cos[:, None].to(dtype), sin[:, None].to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.layers import additive_mask, apply_rope, attention
+from omni_ros.policy.layers import RotaryTable, additive_mask, apply_rope, attention
 from omni_ros.policy.pi0.action_expert import suffix_attention_mask, suffix_positions, time_embedding
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.smolvla.configuration import SmolVLAConfig
@@ -49,7 +49,8 @@ class TextModel(nn.Module):
     def __init__(self, cfg: SmolVLAConfig) -> None:
         super().__init__()
         t = cfg.text
-        self.cfg, self.rope_theta = t, cfg.rope_theta
+        self.cfg = t
+        self.rope = RotaryTable(rope_tables, t.head_dim, cfg.rope_theta, cfg.prefix_len)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, t.width)
         self.layers = nn.ModuleList(
             LlamaLayer(t.width, t.num_heads, t.num_kv_heads, t.head_dim, t.mlp_dim, t.norm_eps) for _ in range(t.depth)
@@ -61,7 +62,7 @@ class TextModel(nn.Module):
     def prefill(self, x: torch.Tensor, mask: torch.Tensor, keep: list[int]) -> dict[int, tuple]:
         """Rotated keys and values of layers `keep` for prefix x (B, P, W) with validity mask (B, P)."""
         positions = torch.cumsum(mask.long(), dim=1) - 1
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.rope_theta, x.dtype)
+        cos, sin = self.rope(positions, x.dtype)
         attn_mask = prefix_attention_mask(mask)
         if self.export_form:
             attn_mask = additive_mask(attn_mask, x.dtype)
@@ -92,7 +93,9 @@ class ActionExpert(nn.Module):
     def __init__(self, cfg: SmolVLAConfig) -> None:
         super().__init__()
         t, e = cfg.text, cfg.expert
-        self.cfg, self.rope_theta, self.head_dim = cfg, cfg.rope_theta, t.head_dim
+        self.cfg, self.head_dim = cfg, t.head_dim
+        # Suffix positions continue after the prefix's valid tokens.
+        self.rope = RotaryTable(rope_tables, t.head_dim, cfg.rope_theta, cfg.prefix_len + cfg.action_horizon)
         self.periods = (cfg.time_min_period, cfg.time_max_period)
         self.plan = cfg.layer_plan()
         self.action_in_proj = nn.Linear(cfg.max_action_dim, e.width)
@@ -140,8 +143,8 @@ class ActionExpert(nn.Module):
         x = self.time_mlp_out(F.silu(self.time_mlp_in(torch.cat([x, time], dim=-1))))
 
         d, dtype = self.head_dim, x.dtype
-        self_rope = rope_tables(suffix_positions(prefix_mask, h), d, self.rope_theta, dtype)
-        cross_rope = rope_tables(torch.arange(h, device=x.device)[None, :].repeat(b, 1), d, self.rope_theta, dtype)
+        self_rope = self.rope(suffix_positions(prefix_mask, h), dtype)
+        cross_rope = self.rope(torch.arange(h, device=x.device)[None, :].repeat(b, 1), dtype)
         self_mask = suffix_attention_mask(prefix_mask, self.causal, self.export_form, dtype)
         cross_mask = prefix_mask[:, None, None, :]
         if self.export_form:
