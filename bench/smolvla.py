@@ -298,7 +298,7 @@ def main() -> int:
     parser.add_argument("--lerobot-script", type=Path, default=ROOT / "scripts" / "lerobot_bench.py")
     parser.add_argument("--profile", action="store_true", help="the eager chunk's top operators too")
     parser.add_argument(
-        "--no-int8", action="store_true", help="skip the int8 export and run (its export alone takes ~1 h here)"
+        "--no-int8", action="store_true", help="skip the int8 export and run (its export alone took 989 s here)"
     )
     parser.add_argument("--reexport", action="store_true", help="export again even if the work dir holds programs")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)

@@ -157,7 +157,8 @@ def test_sim_node_publishes_cameras_and_joint_states_and_follows_commands(sim_pr
 
     node.destroy_node()
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=15) == 0
+    code = proc.wait(timeout=15)
     log.seek(0)
     text = log.read()
+    assert code == 0, text[-3000:]
     assert "rejected joint command: non-finite" in text and "missing joints ['joint_3']" in text
