@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from omni_ros.backends.exported import exported_policy, staged_sampler
+from omni_ros.backends.exported import exported_policy, staged_sampler, takes_per_token_times
 from omni_ros.export.methods import GUIDED_STEP, stage_plan
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
 from omni_ros.policy.inputs import ModelInputs
@@ -104,9 +104,7 @@ class ExecuTorchRunner:
         self.rtc_methods: tuple[str, ...] = ()
         if mode == "staged":
             self.rtc_methods = ("guided", "inpaint") if guided else ("inpaint",)
-        # A program of a training-time-RTC model takes per-token times (B, H).
-        times = [s for s in sidecar.methods["denoise_step"].inputs if s.name == "t"] if mode == "staged" else []
-        self.per_token = bool(times) and len(times[0].shape) == 2
+        self.per_token = mode == "staged" and takes_per_token_times(sidecar)
         try:
             program = runtime.load_program(pte)
             self._methods = {m: program.load_method(m) for m in needed}

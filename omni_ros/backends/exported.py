@@ -41,6 +41,14 @@ def exported_policy(
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or sidecar.name)
 
 
+def takes_per_token_times(sidecar: Any) -> bool:
+    """Whether the exported denoise_step takes times per action token (B, H): a model trained with
+    training-time RTC, whose clean prefix has t = 0; otherwise one time per sample (B,)."""
+    step = sidecar.methods.get("denoise_step")
+    times = [s for s in step.inputs if s.name == "t"] if step is not None else []
+    return bool(times) and len(times[0].shape) == 2
+
+
 def staged_sampler(
     cfg: Any, noise: torch.Tensor, num_steps: int, rtc: RtcPlan | None, *, per_token: bool, guided: bool
 ) -> SampleFn:

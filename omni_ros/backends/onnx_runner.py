@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omni_ros.backends.exported import exported_policy, staged_sampler
+from omni_ros.backends.exported import exported_policy, staged_sampler, takes_per_token_times
 from omni_ros.export.methods import stage_plan
 from omni_ros.export.ort_session import (
     HtpCache,
@@ -101,9 +101,7 @@ class OnnxRunner:
         self._lock = threading.Lock()
         # Real-time chunking: hard prefix inpainting around the staged denoise_step (no gradient in a graph).
         self.rtc_methods: tuple[str, ...] = ("inpaint",) if mode == "staged" else ()
-        # A graph of a training-time-RTC model takes per-token times (B, H).
-        times = [s for s in sidecar.methods["denoise_step"].inputs if s.name == "t"] if mode == "staged" else []
-        self.per_token = bool(times) and len(times[0].shape) == 2
+        self.per_token = mode == "staged" and takes_per_token_times(sidecar)
         quant = "" if sidecar.quantize == "none" else f"-{sidecar.quantize}"
         self.backend = f"onnxruntime-{providers[0]}{quant}"
 
