@@ -125,11 +125,8 @@ def pi0_signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignatur
     t, p, w = cfg.tokenizer.max_tokens, cfg.prefix_len, cfg.backbone.width
     kv_shape = (batch, cfg.backbone.num_kv_heads, p, cfg.backbone.head_dim)
     kv = tuple(TensorSpec(n, kv_shape, "float32") for n in kv_names(cfg))
-    images = TensorSpec("images", (batch, c, 3, s, s), "float32")
-    image_masks = TensorSpec("image_masks", (batch, c), "bool")
-    tokens = TensorSpec("tokens", (batch, t), "int64")
-    token_mask = TensorSpec("token_mask", (batch, t), "bool")
-    state = TensorSpec("state", (batch, cfg.model_state_dim), "float32")
+    model_inputs = model_input_specs(batch, c, s, t, cfg.model_state_dim)
+    images, image_masks, tokens, token_mask, state = model_inputs
     chunk = (batch, cfg.action_horizon, cfg.model_action_dim)
     image_tokens = TensorSpec("image_tokens", (batch, c * v, w), "float32")
     specs = [
@@ -149,9 +146,23 @@ def pi0_signatures(cfg: ModelConfig, batch: int = 1) -> dict[str, MethodSignatur
             ),
             (TensorSpec("velocity", chunk, "float32"),),
         ),
-        fused_signature((images, image_masks, tokens, token_mask, state), chunk),
+        fused_signature(model_inputs, chunk),
     ]
     return {m.name: m for m in specs}
+
+
+def model_input_specs(
+    batch: int, cameras: int, image_size: int, max_tokens: int, state_dim: int
+) -> tuple[TensorSpec, ...]:
+    """The specs of `ModelInputs` as methods take them, in its field order: images, image_masks, tokens,
+    token_mask, state."""
+    return (
+        TensorSpec("images", (batch, cameras, 3, image_size, image_size), "float32"),
+        TensorSpec("image_masks", (batch, cameras), "bool"),
+        TensorSpec("tokens", (batch, max_tokens), "int64"),
+        TensorSpec("token_mask", (batch, max_tokens), "bool"),
+        TensorSpec("state", (batch, state_dim), "float32"),
+    )
 
 
 def fused_signature(inputs: tuple[TensorSpec, ...], chunk: tuple[int, ...]) -> MethodSignature:

@@ -31,6 +31,7 @@ from omni_ros.export.methods import (
     example_inputs,
     flat_cache,
     fused_signature,
+    model_input_specs,
     paired,
     sample_stage,
 )
@@ -51,11 +52,8 @@ def signatures(cfg: SmolVLAConfig, batch: int = 1) -> dict[str, MethodSignature]
     kv = tuple(
         TensorSpec(f"{kind}_{i}", kv_shape, "float32") for i in range(len(cfg.layer_plan())) for kind in ("k", "v")
     )
-    images = TensorSpec("images", (batch, c, 3, s, s), "float32")
-    image_masks = TensorSpec("image_masks", (batch, c), "bool")
-    tokens = TensorSpec("tokens", (batch, t), "int64")
-    token_mask = TensorSpec("token_mask", (batch, t), "bool")
-    state = TensorSpec("state", (batch, cfg.max_state_dim), "float32")
+    model_inputs = model_input_specs(batch, c, s, t, cfg.max_state_dim)
+    _, image_masks, tokens, token_mask, state = model_inputs
     chunk = (batch, cfg.action_horizon, cfg.max_action_dim)
     specs = [
         MethodSignature(
@@ -78,7 +76,7 @@ def signatures(cfg: SmolVLAConfig, batch: int = 1) -> dict[str, MethodSignature]
             ),
             (TensorSpec("velocity", chunk, "float32"),),
         ),
-        fused_signature((images, image_masks, tokens, token_mask, state), chunk),
+        fused_signature(model_inputs, chunk),
     ]
     return {m.name: m for m in specs}
 
