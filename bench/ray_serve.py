@@ -6,14 +6,16 @@
 Everything in one run, one local Ray cluster on 127.0.0.1, the same client (the real openpi-client) for
 every server, DROID observations (2 x 224x224x3 uint8):
   - overhead: one client's round trip against a trivial policy (a constant chunk) behind the plain
-    server (its own process), the fused Serve design (policy in the WebSocket replica) and the two-hop
-    design (ingress -> DeploymentHandle -> policy replica); p50 / p95 ms, and p50 minus the plain one;
+    server (its own process), the fused Serve design (policy in the WebSocket replica) reached as
+    `omni-ros serve --ray` serves it (our TCP balancer on the replicas' own ports, Serve's direct ingress)
+    and through Serve's proxy (what `serve run` gives), and the two-hop design (ingress ->
+    DeploymentHandle -> policy replica) through both; p50 / p95 ms, and p50 minus the plain one;
   - throughput: 16 closed-loop clients for `--duration` s (`--small-duration` for `small`; answers
     completed in that window count) against each preset behind the plain server
-    (1 and 2 torch threads) and fused Serve with 1 and 2 replicas (1 thread each), batching on
-    everywhere; requests/s, p50 latency and the mean batch size the server reports;
-  - replica replacement: one of 2 fused replicas SIGKILLed under load: how long its RemotePolicy client
-    waits for its next answer, and how long until Serve's replacement replica answers.
+    (1 and 2 torch threads) and fused Serve with 1 and 2 replicas (1 thread each) through the balancer,
+    batching on everywhere; requests/s, p50 latency and the mean batch size the server reports;
+  - replica replacement: one of 2 fused replicas SIGKILLed under load (through the balancer): how long its
+    RemotePolicy client waits for its next answer, and how long until Serve's replacement replica answers.
 Absolute numbers depend on the machine and its load; compare ratios within one run.
 """
 
@@ -171,15 +173,18 @@ def throughput(url: str, clients: int, duration_s: float, warmup_s: float = 3.0)
 # -- Serve ---------------------------------------------------------------------------------------------------
 
 
-def _deploy(name: str, spec: Any) -> str:
+def _deploy(name: str, spec: Any) -> Any:
+    """Deploy `spec` at /`name` and start a balancer on its replicas' own ports (stop it after use)."""
     from ray import serve
 
-    from omni_ros.serving.ray_serve import application
+    from omni_ros.serving.balancer import TcpBalancer
+    from omni_ros.serving.ray_serve import application, replica_targets
 
     start = time.monotonic()
     serve.run(application(spec), name=name, route_prefix=f"/{name}")
+    balancer = TcpBalancer("127.0.0.1", 0, replica_targets(name, f"/{name}")).start(wait_for_targets_s=30)
     print(f"[bench] {name}: deployed in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
-    return name
+    return balancer
 
 
 def replacement(url: str) -> dict[str, Any]:
@@ -241,7 +246,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (one GPU per replica with cuda)")
     args = parser.parse_args()
 
-    from omni_ros.cluster import LocalCluster, free_port
+    from omni_ros.cluster import DIRECT_INGRESS_ENV, LocalCluster, free_port
     from omni_ros.serving.config import BatchingConfig, ServeConfig
     from omni_ros.serving.ray_serve import RaySpec
 
@@ -255,7 +260,8 @@ def main() -> None:
     }
     gpu = 1.0 if args.device.startswith("cuda") else 0.0
     path = os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH")) if p)
-    cluster = LocalCluster(num_cpus=max(4, os.cpu_count() or 1), env={"PYTHONPATH": path}, log_to_driver=False)
+    env = {"PYTHONPATH": path, **DIRECT_INGRESS_ENV}
+    cluster = LocalCluster(num_cpus=max(4, os.cpu_count() or 1), env=env, log_to_driver=False)
     cluster.start()
     try:
         port = free_port()
@@ -265,19 +271,23 @@ def main() -> None:
 
         # 1. Per-request overhead, trivial policy, one client, the three servers side by side.
         trivial = {"serve": ServeConfig(keymap="droid"), "policy_factory": TRIVIAL, "num_cpus": 0}
-        _deploy("fused", RaySpec(**trivial))
-        _deploy("two-hop", RaySpec(**trivial, design="two-hop"))
+        fused = _deploy("fused", RaySpec(**trivial))
+        two_hop = _deploy("two-hop", RaySpec(**trivial, design="two-hop"))
         with plain_server() as plain_url:
             rows = {
                 "plain": overhead(plain_url, args.requests),
-                "fused": overhead(f"{base}/fused/", args.requests),
-                "two_hop": overhead(f"{base}/two-hop/", args.requests),
+                "fused": overhead(f"ws://127.0.0.1:{fused.port}/fused/", args.requests),
+                "fused_via_proxy": overhead(f"{base}/fused/", args.requests),
+                "two_hop": overhead(f"ws://127.0.0.1:{two_hop.port}/two-hop/", args.requests),
+                "two_hop_via_proxy": overhead(f"{base}/two-hop/", args.requests),
             }
-        for name in ("fused", "two_hop"):
-            rows[name]["over_plain_p50_ms"] = round(rows[name]["p50_ms"] - rows["plain"]["p50_ms"], 3)
+        for name in rows:
+            if name != "plain":
+                rows[name]["over_plain_p50_ms"] = round(rows[name]["p50_ms"] - rows["plain"]["p50_ms"], 3)
         report["overhead"] = rows
-        serve.delete("fused")
-        serve.delete("two-hop")
+        for name, balancer in (("fused", fused), ("two-hop", two_hop)):
+            balancer.stop()
+            serve.delete(name)
         print(f"[bench] overhead: {rows}", file=sys.stderr, flush=True)
 
         # 2. Throughput with 16 clients: presets x (plain 1/2 threads, fused 1/2 replicas), batching on.
@@ -297,10 +307,13 @@ def main() -> None:
                     num_cpus=1,
                     num_gpus=gpu,
                 )
-                name = _deploy(f"{preset}-{replicas}", spec)
-                rows[f"fused_{replicas}_replica"] = throughput(f"{base}/{name}/", args.clients, duration, warmup)
+                name = f"{preset}-{replicas}"
+                balancer = _deploy(name, spec)
+                url = f"ws://127.0.0.1:{balancer.port}/{name}/"
+                rows[f"fused_{replicas}_replica"] = throughput(url, args.clients, duration, warmup)
                 if preset == args.presets[0] and replicas == 2:
-                    report["replacement"] = replacement(f"{base}/{name}/")
+                    report["replacement"] = replacement(url)
+                balancer.stop()
                 serve.delete(name)
             report["throughput"][preset] = rows
             print(f"[bench] {preset}: {rows}", file=sys.stderr, flush=True)

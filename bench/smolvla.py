@@ -108,7 +108,8 @@ def chunk_gflop(cfg, cameras: int, prompt_tokens: int, steps: int) -> dict[str, 
 
 
 def matmul_peak_gflops(threads: int) -> dict[str, float]:
-    """Best fp32 torch.mm throughput at this thread count: square 2048 and a vision-MLP-shaped product."""
+    """Best fp32 matmul throughput at this thread count (torch.mm, and the oneDNN-packed product where there is
+    one): square 2048 and a vision-MLP-shaped product."""
     import torch
 
     torch.set_num_threads(threads)
@@ -119,6 +120,14 @@ def matmul_peak_gflops(threads: int) -> dict[str, float]:
             torch.mm(a, b)
         best = min(timed_once(lambda a=a, b=b: torch.mm(a, b)) for _ in range(8))
         out[name] = round(2 * m * k * n / best / 1e9, 1)
+        # The same product from a oneDNN-packed weight (what policy.cpu_linear: packed runs), where available.
+        from omni_ros.policy.cpu_linear import packed_linear_available
+
+        if packed_linear_available():
+            w = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), None)
+            best = min(timed_once(lambda a=a, w=w: torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], ""))
+                       for _ in range(8))  # fmt: skip
+            out[f"{name}_onednn_packed"] = round(2 * m * k * n / best / 1e9, 1)
     out["peak"] = max(out.values())
     return out
 
@@ -141,7 +150,7 @@ def worker_eager(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work_dir)
     obs, noise, _ = inputs_of(work)
     t0 = time.perf_counter()
-    policy = load(work / FOLDER)
+    policy = load(work / FOLDER, cpu_linear=args.cpu_linear)
     loaded = time.perf_counter()
     first = policy.infer(obs, noise=noise)
     cold = {"load_s": round(loaded - t0, 2), "first_chunk_s": round(time.perf_counter() - loaded, 2)}
@@ -304,6 +313,10 @@ def main() -> int:
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--pte", help=argparse.SUPPRESS)
     parser.add_argument("--quantize", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-linear", default="packed", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-export", action="store_true", help="LeRobot and eager only (no XNNPACK export or run; much shorter)"
+    )
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(WORKERS[args.worker](args)))
@@ -316,9 +329,16 @@ def main() -> int:
     load_start = os.getloadavg()
     lerobot = run_lerobot(args)  # builds the folder on first use, then times LeRobot
     _, _, meta = inputs_of(args.work_dir)
-    results: dict[str, Any] = {"lerobot": lerobot, "omni_ros_eager": run_worker("eager", args)}
+    # Eager as the node and server run it (linears oneDNN-packed, policy.cpu_linear: packed) and with torch's
+    # plain nn.Linear (dense).
+    results: dict[str, Any] = {
+        "lerobot": lerobot,
+        "omni_ros_eager": run_worker("eager", args, **{"cpu-linear": "packed"}),
+        "omni_ros_eager_dense": run_worker("eager", args, **{"cpu-linear": "dense"}),
+    }
     exports = {}
     recipes = [("xnnpack_fp32", "none")] + ([] if args.no_int8 else [("xnnpack_int8", "int8-dynamic")])
+    recipes = [] if args.no_export else recipes
     for name, recipe in recipes:
         pte = args.work_dir / f"smolvla_{name}.pte"
         exports[name] = exported(args, pte, recipe)

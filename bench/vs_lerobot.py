@@ -7,7 +7,9 @@ horizon 50, 10 steps) is built with seeded random weights by LeRobot 0.6.1 itsel
 `save_pretrained` (`scripts/lerobot_bench.py`, run in the LeRobot venv that `make reference-fixtures`
 makes: .venv-lerobot or $LEROBOT_VENV). For each thread count, one after the other in fresh processes:
 LeRobot's observation -> chunk (its pre-processor, `predict_action_chunk`, post-processor), omni_ros eager
-(`omni_ros.policy.load` on the same folder) and the same folder exported to ExecuTorch XNNPACK int8. Prints
+(`omni_ros.policy.load` on the same folder, with the linears oneDNN-packed as the node and server run them,
+`policy.cpu_linear: packed`, and with torch's plain nn.Linear, `dense`) and the same folder exported to
+ExecuTorch XNNPACK int8. Prints
 one JSON document: medians, per-stage times, ratios to LeRobot, the actions' agreement (same noise) and the
 targets (eager <= 0.8x LeRobot's time, int8 <= 0.4x).
 """
@@ -68,7 +70,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.worker == "eager":
         import omni_ros.policy
 
-        policy = omni_ros.policy.load(work / NAME)
+        policy = omni_ros.policy.load(work / NAME, cpu_linear=args.cpu_linear)
     else:
         from omni_ros.backends.executorch_runner import load_pte
 
@@ -109,6 +111,7 @@ def main() -> int:
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--worker", choices=["eager", "pte"], help=argparse.SUPPRESS)
     parser.add_argument("--pte", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-linear", default="packed", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         args.threads = args.threads[0]
@@ -140,6 +143,8 @@ def main() -> int:
         own = [sys.executable, __file__, "--work-dir", str(work), "--threads", str(threads), "--runs", str(args.runs)]
         print(f"[bench] {threads} thread(s): omni_ros eager ...", file=sys.stderr, flush=True)
         eager = run_json([*own, "--worker", "eager"])
+        print(f"[bench] {threads} thread(s): omni_ros eager, dense linears ...", file=sys.stderr, flush=True)
+        dense = run_json([*own, "--worker", "eager", "--cpu-linear", "dense"])
         row: dict[str, Any] = {
             "lerobot_ms": round(lerobot["latency_ms"], 1),
             "lerobot_stages_ms": {k: round(v["median_ms"], 1) for k, v in lerobot["stages"].items()},
@@ -147,6 +152,8 @@ def main() -> int:
             "lerobot_peak_rss_mb": round(lerobot["peak_rss_mb"], 1),
             "omni_eager": {k: v for k, v in eager.items() if k != "actions"},
             "eager_over_lerobot": round(eager["latency_ms"] / lerobot["latency_ms"], 3),
+            "omni_eager_dense": {k: v for k, v in dense.items() if k != "actions"},
+            "eager_dense_over_lerobot": round(dense["latency_ms"] / lerobot["latency_ms"], 3),
             # Same weights, observation and noise: the first action row must agree (LeRobot stores that row).
             "eager_first_row_max_abs_vs_lerobot": float(
                 np.abs(np.asarray(eager["actions"][0]) - np.asarray(lerobot["actions_first_row"])).max()

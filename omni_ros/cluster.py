@@ -48,6 +48,14 @@ PATIENT_PROXY_ENV = {
     "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
     "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
 }
+# Serve's direct ingress: each ingress replica serves HTTP/WebSocket on a 127.0.0.1 port of its own, so the
+# Python proxy's hop (+5 ms a message) can be skipped by a TCP balancer in front (serving/balancer.py).
+# Serve then keeps a stopping replica's port open for at least its draining period (default 30 s), for
+# external balancers; ours follows the controller, so the deployment's graceful shutdown is enough.
+DIRECT_INGRESS_ENV = {
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+}
 # Every process of a LocalCluster inherits this variable (its value: the cluster's temp dir), which is how
 # `stop()` finds them: Ray renames its workers' command lines, not their environment.
 MARKER = "OMNI_ROS_RAY_CLUSTER"

@@ -15,6 +15,7 @@ from websockets.exceptions import InvalidStatus
 
 from helpers.bridge_policies import EchoPolicy, expected_actions
 from helpers.bridge_util import healthz, libero_obs, start_serve, stop_serve
+from helpers.listening import listeners
 from omni_ros.cluster import MARKER
 from omni_ros.config import ConfigError
 from omni_ros.observation import make_observation
@@ -53,7 +54,12 @@ def test_serve_ray_with_two_replicas_and_a_clean_stop(root):
     try:
         assert metadata["design"] == "fused" and metadata["keymap"]["name"] == "libero"
         assert url.startswith("ws://127.0.0.1:")
-        assert len(_cluster_processes() - before) >= 4  # GCS, raylet, Serve controller and proxy, replicas
+        ours = _cluster_processes() - before
+        assert len(ours) >= 4  # GCS, raylet, Serve controller and proxy, replicas
+        # Everything of the cluster listens on loopback only (Serve's replicas would open a gRPC port on every
+        # interface if they were let; bind_replica_grpc_to_node_ip keeps it on the node IP, 127.0.0.1 here).
+        ports = listeners(sorted(ours))
+        assert ports and [p for p in ports if not p.loopback] == []
         with pytest.raises(InvalidStatus):
             WebsocketClientPolicy(url)
         keymap = load_keymap("libero")

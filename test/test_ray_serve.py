@@ -1,7 +1,10 @@
 """The OpenPI endpoint on Ray Serve (fused and two-hop), a replica killed under load, and `eval --ray`.
 
-One in-process Ray cluster on 127.0.0.1 serves every test of this module (starting one costs seconds):
-  /         fused, 2 replicas of the tiny torch policy (seed 0), DROID key map, API key
+One in-process Ray cluster on 127.0.0.1, with Serve's direct ingress on, serves every test of this module
+(starting one costs seconds):
+  /         fused, 2 replicas of the tiny torch policy (seed 0), DROID key map, API key; reached through
+            our TCP balancer on the replicas' own ports, as `omni-ros serve --ray` serves it (and through
+            Serve's proxy once, which `serve run` users get)
   /libero   fused, 1 replica of the echo policy, LIBERO key map, a 1 MiB message cap
   /two-hop  two-hop, an ingress and 2 echo policy replicas, DROID key map
 The real openpi-client drives them; actions must equal those of the single-process server. Last, the
@@ -15,7 +18,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -25,13 +28,15 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from helpers.bridge_policies import EchoPolicy, expected_actions
 from helpers.bridge_util import droid_obs, healthz, libero_obs, raw_client, wait_for
+from helpers.listening import listeners
 from omni_ros.backends.remote import RemotePolicy
-from omni_ros.cluster import LocalCluster, free_port
+from omni_ros.cluster import DIRECT_INGRESS_ENV, LocalCluster, free_port, processes_under
 from omni_ros.config import PolicyConfig
 from omni_ros.eval.evaluate import evaluate
 from omni_ros.eval.schema import validate
 from omni_ros.eval.synthetic import SyntheticSpec, write_synthetic_bag
 from omni_ros.observation import make_observation
+from omni_ros.serving.balancer import TcpBalancer
 from omni_ros.serving.config import ServeConfig
 from omni_ros.serving.keymap import load_keymap
 from omni_ros.serving.policies import load_served_policy
@@ -44,17 +49,25 @@ TINY = PolicyConfig(preset="tiny", num_threads=1, seed=0)
 ECHO = "helpers.bridge_policies:make_policy"
 
 
+class Endpoints(NamedTuple):
+    cluster: LocalCluster
+    url: str  # the balancer in front of the "/" application's replicas
+    proxy: str  # Serve's proxy: every application under its route prefix
+    balancer: TcpBalancer
+
+
 @pytest.fixture(scope="module")
 def cluster():
     from ray import serve
 
-    from omni_ros.serving.ray_serve import RaySpec, application
+    from omni_ros.serving.ray_serve import RaySpec, application, replica_targets
 
     # The replicas import the test helpers (the echo policy factory).
     path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
-    cluster = LocalCluster(num_cpus=4, env={"PYTHONPATH": path}).start()
+    cluster = LocalCluster(num_cpus=4, env={"PYTHONPATH": path, **DIRECT_INGRESS_ENV}).start()
     port = free_port()
     cluster.start_serve(port)
+    balancer = None
     apps = {
         "/": RaySpec(serve=ServeConfig(keymap="droid", api_key=KEY), policy=TINY, replicas=2),
         "/libero": RaySpec(
@@ -66,8 +79,11 @@ def cluster():
         for route, spec in apps.items():
             spec.graceful_shutdown_s = 1.0
             serve.run(application(spec), name=route.strip("/") or "droid", route_prefix=route)
-        yield cluster, f"ws://127.0.0.1:{port}"
+        balancer = TcpBalancer("127.0.0.1", 0, replica_targets("droid")).start(wait_for_targets_s=30)
+        yield Endpoints(cluster, f"ws://127.0.0.1:{balancer.port}", f"ws://127.0.0.1:{port}", balancer)
     finally:
+        if balancer is not None:
+            balancer.stop()
         cluster.stop()
     assert cluster.leftovers == [], "processes were left after ray.shutdown()"
 
@@ -95,7 +111,7 @@ def _client_on(url: str, wanted) -> WebsocketClientPolicy:
 
 
 def test_openpi_client_gets_the_single_process_servers_actions_from_both_replicas(cluster, reference):
-    _cluster, url = cluster
+    url = cluster.url
     local, local_meta = reference
     clients = [WebsocketClientPolicy(url, api_key=KEY) for _ in range(6)]
     meta = clients[0].get_server_metadata()
@@ -114,10 +130,23 @@ def test_openpi_client_gets_the_single_process_servers_actions_from_both_replica
             result = client.infer(obs)
             np.testing.assert_array_equal(result["actions"], expected)
             assert ("prev_total_ms" in result["server_timing"]) == (i > 0)
+    # The balancer put the six connections three and three on the replicas' own ports.
+    assert sorted(n for n in cluster.balancer.open_connections.values() if n) == [3, 3]
+    # Serve's proxy (what `serve run` users connect to) serves the same application.
+    np.testing.assert_array_equal(WebsocketClientPolicy(cluster.proxy, api_key=KEY).infer(obs)["actions"], expected)
+
+
+def test_every_cluster_process_listens_on_loopback_only(cluster):
+    ports = listeners(processes_under(cluster.cluster.temp_dir))
+    assert len(ports) >= 6  # GCS, raylet, proxy, and each replica's own servers
+    # Serve would open each replica's inter-deployment gRPC port on every interface; see
+    # bind_replica_grpc_to_node_ip. The replicas' direct-ingress ports are 127.0.0.1 too.
+    assert [p for p in ports if not p.loopback] == []
+    assert {port for _host, port in cluster.balancer.targets} <= {p.port for p in ports}
 
 
 def test_api_key_is_checked_by_the_replica(cluster):
-    _cluster, url = cluster
+    url = cluster.url
     for key in (None, "wrong"):
         with pytest.raises(InvalidStatus) as info:
             WebsocketClientPolicy(url, api_key=key)
@@ -126,7 +155,7 @@ def test_api_key_is_checked_by_the_replica(cluster):
 
 
 def test_libero_layout_and_bad_requests(cluster):
-    _cluster, url = cluster
+    url = cluster.proxy
     keymap = load_keymap("libero")
     policy = EchoPolicy(keymap.camera_names, keymap.state_dim, keymap.action_dim)
     client = WebsocketClientPolicy(f"{url}/libero/")
@@ -158,7 +187,7 @@ def test_libero_layout_and_bad_requests(cluster):
 
 
 def test_two_hop_serves_the_same_protocol(cluster):
-    _cluster, url = cluster
+    url = cluster.proxy
     keymap = load_keymap("droid")
     policy = EchoPolicy(keymap.camera_names, keymap.state_dim, keymap.action_dim)
     client = WebsocketClientPolicy(f"{url}/two-hop/")
@@ -176,7 +205,7 @@ def test_two_hop_serves_the_same_protocol(cluster):
 def test_a_killed_replica_is_replaced_and_remote_policies_carry_on(cluster, reference):
     from ray import serve
 
-    _cluster, url = cluster
+    url = cluster.url
     local, _meta = reference
     rng = np.random.default_rng(4)
     observations = [droid_obs(rng, prompt=f"robot {i}") for i in range(4)]

@@ -15,7 +15,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from helpers.bridge_util import droid_obs, start_serve, stop_serve
 from omni_ros.backends.factory import load_policy
-from omni_ros.config import ConfigError, load_config
+from omni_ros.config import ConfigError, PolicyConfig, load_config
 from omni_ros.policy.loading import from_preset
 from omni_ros.serving.config import ServeConfig
 from omni_ros.serving.keymap import load_keymap
@@ -26,7 +26,8 @@ DROID = load_keymap("droid")
 
 
 def _tiny(**dims):
-    return from_preset("tiny", seed=0, **dims)
+    # The kernels `policy: {preset: tiny}` gets (PolicyConfig.cpu_linear), so local and remote runs agree exactly.
+    return from_preset("tiny", seed=0, cpu_linear=PolicyConfig().cpu_linear, **dims)
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,7 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
         "dtype": dtype,
         "seed": config.seed,
         "num_steps": config.num_steps,
+        "cpu_linear": config.cpu_linear,
     }
     if config.checkpoint:
         policy = load(config.checkpoint, tokenizer=config.tokenizer, **common)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
-    from omni_ros.cluster import LocalCluster, RemoteCluster, check_ray, free_port
+    from omni_ros.cluster import DIRECT_INGRESS_ENV, LocalCluster, RemoteCluster, check_ray, free_port
 
     check_ray("omni-ros serve --ray")
     if args.replicas < 1:
@@ -86,12 +86,16 @@ def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
             "serve.tls_cert / serve.tls_key: wss:// is served by `omni-ros serve` itself; with --ray, terminate TLS "
             "in front of Serve's proxy (a reverse proxy on the same host)"
         )
-    port = serve.port or free_port(serve.host)
     if args.ray_address:
         cluster: Any = RemoteCluster(args.ray_address)
     else:
         cpus = max(os.cpu_count() or 1, int(args.replicas * args.num_cpus + 0.999))
-        cluster = LocalCluster(num_cpus=cpus)
+        cluster = LocalCluster(num_cpus=cpus, env=DIRECT_INGRESS_ENV)
+    # On a local cluster clients connect to our balancer, which splices each connection to a replica's own
+    # port (Serve's direct ingress); Serve's proxy listens on a port of its own beside it. On a running
+    # cluster (--ray-address) clients connect to Serve's proxy.
+    balancer: Any = None
+    proxy_port = free_port(serve.host) if not args.ray_address else (serve.port or free_port(serve.host))
 
     stop = threading.Event()
     start = time.monotonic()
@@ -100,8 +104,8 @@ def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
         # After ray.init, which installs a SIGTERM handler of its own.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        cluster.start_serve(port, host=serve.host)
-        from omni_ros.serving.ray_serve import RaySpec, deploy
+        cluster.start_serve(proxy_port, host=serve.host)
+        from omni_ros.serving.ray_serve import RaySpec, deploy, replica_targets
 
         spec = RaySpec(
             serve=serve,
@@ -112,14 +116,22 @@ def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
             num_cpus=args.num_cpus,
             num_gpus=args.num_gpus,
         )
-        url = f"ws://{serve.host}:{port}"
+        proxy_url = f"ws://{serve.host}:{proxy_port}"
         from omni_ros.serving.service import resolve_api_key, warn_if_exposed
 
-        warn_if_exposed(url, serve.host, resolve_api_key(serve), False, serve.api_key_env)
-        metadata = deploy(spec, url)
+        warn_if_exposed(proxy_url, serve.host, resolve_api_key(serve), False, serve.api_key_env)
+        metadata = deploy(spec, proxy_url)
+        port = proxy_port
+        if not args.ray_address:
+            from omni_ros.serving.balancer import TcpBalancer
+
+            balancer = TcpBalancer(serve.host, serve.port, replica_targets()).start(wait_for_targets_s=30)
+            port = balancer.port
+        url = f"ws://{serve.host}:{port}"
+        via = f"balanced over the replicas' own ports; Serve's proxy on {proxy_port}" if balancer else "Serve's proxy"
         print(
             f"omni-ros serve: listening on {url} (health: http://{serve.host}:{port}/healthz); Ray Serve, "
-            f"{args.replicas} {args.design} replica(s), up in {time.monotonic() - start:.1f} s"
+            f"{args.replicas} {args.design} replica(s) ({via}), up in {time.monotonic() - start:.1f} s"
         )
         print(json.dumps(metadata, indent=2, default=str))
         sys.stdout.flush()
@@ -127,6 +139,8 @@ def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
             pass
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
+        if balancer is not None:
+            balancer.stop()
         cluster.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
     print("omni-ros serve: stopped (Ray Serve application and cluster shut down)")
@@ -166,8 +180,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ray = p.add_argument_group(
         "Ray Serve",
         "With --ray the same endpoint runs as a Ray Serve application (replicas, restarts, placement on a "
-        "cluster); without --ray-address on a local Ray cluster on 127.0.0.1 that this command starts and stops. "
-        "Needs the 'ray' extra (pip install 'ray[serve]').",
+        "cluster); without --ray-address on a local Ray cluster on 127.0.0.1 that this command starts and stops, "
+        "where --port is a balancer that hands each connection to a replica's own port (Serve's direct ingress; "
+        "Serve's proxy listens beside it). Needs the 'ray' extra (pip install 'ray[serve]').",
     )
     ray.add_argument("--ray", action="store_true", help="serve through Ray Serve")
     ray.add_argument("--replicas", type=int, default=1, help="policy replicas (default 1; fused: one per GPU)")

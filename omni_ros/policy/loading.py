@@ -28,13 +28,19 @@ def load(
     seed: int | None = 0,
     num_steps: int | None = None,
     name: str | None = None,
+    cpu_linear: str = "dense",
 ) -> InferencePipeline:
-    """The policy in checkpoint folder `path` (its layout detected), on the torch runner."""
+    """The policy in checkpoint folder `path` (its layout detected), on the torch runner.
+
+    `cpu_linear="packed"` runs the linears from oneDNN-packed weights on an x86 CPU in float32 (faster; what
+    `policy.cpu_linear` gives the node, server and evaluator); the default keeps `runner.model` a plain
+    module, as code that exports or inspects it expects.
+    """
     checkpoint = layouts.read(path, tokenizer=tokenizer)
     family = families.get(checkpoint.family)
     model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
     processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
-    runner = TorchRunner(model, device, dtype)
+    runner = TorchRunner(model, device, dtype, cpu_linear=cpu_linear)
     steps = num_steps or checkpoint.config.num_steps
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or Path(path).name)
 
@@ -50,11 +56,15 @@ def from_model(
     seed: int | None = 0,
     num_steps: int | None = None,
     name: str | None = None,
+    cpu_linear: str = "dense",
 ) -> InferencePipeline:
-    """A policy around a model in memory (its `cfg` says the architecture), e.g. one being trained."""
+    """A policy around a model in memory (its `cfg` says the architecture), e.g. one being trained.
+
+    With `cpu_linear="packed"` the model's linears are replaced in place (see `load`): not for a model
+    that goes on training."""
     cfg: Any = model.cfg
     processor = families.get(family).build_processor(cfg, norm_stats, tokenizer)
-    runner = TorchRunner(model, device, dtype)
+    runner = TorchRunner(model, device, dtype, cpu_linear=cpu_linear)
     return InferencePipeline(processor, runner, num_steps=num_steps or cfg.num_steps, seed=seed, name=name or cfg.name)
 
 

@@ -100,13 +100,29 @@ class TorchRunner:
     draws_noise = False
     rtc_methods = METHODS
 
-    def __init__(self, model: nn.Module, device: str = "cpu", dtype: str = "float32", compact: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        device: str = "cpu",
+        dtype: str = "float32",
+        compact: bool = True,
+        cpu_linear: str = "dense",
+    ) -> None:
+        if cpu_linear not in ("packed", "dense"):
+            raise ValueError(f"cpu_linear: expected 'packed' or 'dense', got {cpu_linear!r}")
         # Leave out what every batch item masks (see `compact`); families whose model needs fixed slots say no.
         self.compact = compact and getattr(model, "compactable", True)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.model = model.to(self.device, self.dtype).eval()
         self.backend = f"torch-{self.device.type}" + ("-bf16" if self.dtype == torch.bfloat16 else "")
+        # oneDNN-packed linears (omni_ros/policy/cpu_linear.py): float32 on an x86 CPU only, where measured.
+        self.packed_linears = 0
+        if cpu_linear == "packed" and self.device.type == "cpu" and self.dtype == torch.float32:
+            from omni_ros.policy.cpu_linear import pack_linears, packed_linear_available
+
+            if packed_linear_available():
+                self.packed_linears = pack_linears(self.model)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

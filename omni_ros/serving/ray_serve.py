@@ -5,9 +5,11 @@
 
 Two designs (DESIGN.md section 12 has the measurements):
 
-- "fused" (default): the policy lives in the WebSocket replica. Serve's proxy hands each connection to
-  one replica for its whole life, where `PolicyService` (the same code as `omni-ros serve`: key maps,
-  codec, error frames, size cap, API key, `Batcher`) speaks the protocol over Starlette's WebSocket.
+- "fused" (default): the policy lives in the WebSocket replica. Each connection goes to one replica for
+  its whole life (through our TCP balancer on the replicas' own ports with Serve's direct ingress, as
+  `omni-ros serve --ray` runs it, or through Serve's proxy), where `PolicyService` (the same code as
+  `omni-ros serve`: key maps, codec, error frames, size cap, API key, `Batcher`) speaks the protocol over
+  Starlette's WebSocket.
   Per-robot state can live in the replica; when a replica dies, its connections close and the clients
   reconnect (RemotePolicy does so by itself) to another one. Replicas = GPUs.
 - "two-hop": an ingress deployment speaks the protocol and batches, and sends each batch through a
@@ -26,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -203,6 +205,34 @@ async def _shutdown(service: PolicyService | None) -> None:
         await service.stop_inference()
 
 
+def bind_replica_grpc_to_node_ip() -> None:
+    """Make this replica's inter-deployment gRPC server listen on the node's IP instead of every interface.
+
+    Ray Serve 2.60 starts that server in each replica, after the deployment's constructor, on `[::]:0`
+    (hard-coded in `ray/serve/_private/replica.py`), so a cluster on 127.0.0.1 would still open a port on
+    all interfaces. Routers reach it at the replica's node IP (what Serve records for the replica), so
+    binding exactly there changes nothing for Ray and keeps a local cluster on loopback. Called first in
+    every deployment's constructor, which runs in the replica process before that server starts; a Ray
+    without the hook point is left alone (and `test_ray_serve` fails on the open port).
+    """
+    import ray
+    from ray.serve._private import replica as serve_replica
+
+    add_port = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if add_port is None or getattr(add_port, "omni_ros_node_ip", None):
+        return
+    node_ip = ray.util.get_node_ip_address()
+    host = f"[{node_ip}]" if ":" in node_ip else node_ip
+
+    def add_port_on_node_ip(server: Any, address: str) -> int:
+        if address.startswith("[::]:"):
+            address = f"{host}:{address.rsplit(':', 1)[1]}"
+        return add_port(server, address)
+
+    add_port_on_node_ip.omni_ros_node_ip = node_ip  # type: ignore[attr-defined]
+    serve_replica.add_port_to_grpc_server = add_port_on_node_ip
+
+
 # -- fused: the policy in the WebSocket replica ---------------------------------------------------------------
 
 fused_app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
@@ -214,6 +244,7 @@ class PolicyReplica:
     """A WebSocket replica that holds the policy."""
 
     def __init__(self, spec: RaySpec) -> None:
+        bind_replica_grpc_to_node_ip()
         # A replica is a process of its own: the policy's thread settings, before it loads torch.
         cpu_threads.configure(spec.policy)
         keymap = spec.keymap()
@@ -244,6 +275,7 @@ class PolicyWorker:
     """The policy behind the two-hop ingress: plain method calls, no protocol."""
 
     def __init__(self, spec: RaySpec) -> None:
+        bind_replica_grpc_to_node_ip()
         cpu_threads.configure(spec.policy)
         self.policy = load_served_policy(spec.policy, spec.keymap(), spec.policy_factory)
 
@@ -302,6 +334,7 @@ class OpenPIIngress:
     """Speaks the protocol (and batches) for the PolicyWorker replicas behind it."""
 
     def __init__(self, spec: RaySpec, worker: DeploymentHandle) -> None:
+        bind_replica_grpc_to_node_ip()
         self.spec, self.worker = spec, worker
         self.service: PolicyService | None = None
         self._lock = asyncio.Lock()
@@ -426,6 +459,28 @@ def deploy(spec: RaySpec, url: str) -> dict[str, Any]:
     headers = {"Authorization": f"Api-Key {key}"} if key else None
     with connect(url, additional_headers=headers, compression=None, max_size=None, proxy=None) as ws:
         return unpackb(cast(bytes, ws.recv(timeout=60)))  # the metadata frame is binary (msgpack)
+
+
+def replica_targets(app_name: str = APP_NAME, route_prefix: str = "/") -> Callable[[], list[tuple[str, int]]]:
+    """Where `app_name`'s ingress replicas serve their own HTTP/WebSocket port (Serve's direct ingress).
+
+    Read from the Serve controller's target groups (what an L4 balancer in front of Serve is meant to
+    follow). While the application has no running replica, or direct ingress is off, Serve lists its proxy
+    instead, so a balancer fed by this keeps working, over the proxy's slower path.
+    """
+    import ray
+    from ray.serve._private.common import RequestProtocol
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+
+    def read() -> list[tuple[str, int]]:
+        groups: list[Any] = ray.get(controller.get_target_groups.remote(app_name), timeout=5.0)
+        http = [g for g in groups if g.protocol == RequestProtocol.HTTP]
+        mine = [g for g in http if g.app_name == app_name and g.route_prefix == route_prefix]
+        return [(t.ip, t.port) for g in (mine or http) for t in g.targets]
+
+    return read
 
 
 def build(args: dict[str, Any]) -> serve.Application:

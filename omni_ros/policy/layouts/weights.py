@@ -12,10 +12,12 @@ bound: missing, unexpected and mis-shaped tensors give one error that names them
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import mmap
 import struct
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +67,7 @@ class SafetensorsFile:
                 header = json.loads(f.read(length))
                 # A private (copy-on-write) mapping: writable views for torch, the file itself never written.
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                _register_mapping(self._map)
         except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
             raise CheckpointError(f"{path}: cannot read weights (truncated or corrupt?): {exc}") from exc
         header.pop("__metadata__", None)
@@ -108,6 +111,43 @@ class SafetensorsFile:
         start = begin - begin % page
         if end > start and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
+# Every live mapping's address range, so a tensor viewing one can have its pages dropped after a copy of it
+# was made elsewhere (`release_mapped_pages`). Weak: a mapping goes when its last tensor view does.
+_MAPPINGS: list[tuple[int, int, weakref.ref[mmap.mmap]]] = []
+
+
+def _register_mapping(mapping: mmap.mmap) -> None:
+    if len(mapping) == 0:
+        return
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    _MAPPINGS[:] = [m for m in _MAPPINGS if m[2]() is not None]
+    _MAPPINGS.append((base, base + len(mapping), weakref.ref(mapping)))
+
+
+def release_mapped_pages(tensor: torch.Tensor) -> bool:
+    """Drop from memory the file pages under `tensor` if it views a weights file's mapping (True if so).
+
+    For a consumer that made its own copy of a zero-copy weight (a packed layout, say). The mapping is
+    private and never written, so any other view into the same pages (a tied weight) reads them back from
+    the file on its next access: nothing changes but the resident memory.
+    """
+    if tensor.device.type != "cpu" or tensor.numel() == 0 or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    begin = tensor.data_ptr()
+    end = begin + tensor.numel() * tensor.element_size()
+    for base, stop, ref in _MAPPINGS:
+        mapping = ref()
+        if mapping is not None and base <= begin and end <= stop:
+            page = mmap.PAGESIZE
+            start = (begin - base) + (-(begin - base)) % page  # the pages wholly inside the tensor
+            length = (end - base) - start
+            length -= length % page
+            if length > 0:
+                mapping.madvise(mmap.MADV_DONTNEED, start, length)
+            return True
+    return False
 
 
 ModelT = TypeVar("ModelT", bound=nn.Module)

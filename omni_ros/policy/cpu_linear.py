@@ -1,0 +1,79 @@
+"""Linear layers on the CPU through oneDNN with weights packed once, for the eager CPU runner.
+
+torch's `F.linear` on x86 CPUs calls MKL's sgemm on a plain (out, in) weight. oneDNN (which torch ships as
+its mkldnn backend) runs the same product from a weight reordered once into its blocked layout, and on
+the AMD EPYC (AVX2) of our CI machine that is faster at every pi0 and SmolVLA shape: 1.03-1.25x at one
+thread, 1.02-1.49x at two, median 1.11x / 1.15x (`bench/cpu_linear.py`; pi0's (534, 512) x (512, 2048) MLP
+product: 33 vs 36 GFLOP/s). GEMMs are two thirds of a pi0 or SmolVLA inference on a CPU, so this is the
+largest single lever eager has (a whole chunk: pi0 edge 5-9%, full-size SmolVLA 16% faster).
+
+`pack_linears(model)` swaps every float32 `nn.Linear` for a `PackedLinear` in place (the model is the
+runner's, for inference); the dense weight is let go, so memory does not double (a weight still mapped
+from its checkpoint file has its pages dropped). Where a gradient is needed (guided real-time chunking
+differentiates through a denoising step) the layer reads its weight back to the dense layout for that
+call: oneDNN's packed product has no autograd formula.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni_ros.policy.layouts.weights import release_mapped_pages
+
+logger = logging.getLogger("omni_ros.policy")
+
+
+def packed_linear_available() -> bool:
+    """oneDNN's packed linear is in this torch build, on an x86 CPU (where it was measured to win)."""
+    machine = platform.machine().lower()
+    ops = getattr(torch.ops, "mkldnn", None)
+    return (
+        machine in ("x86_64", "amd64")
+        and torch.backends.mkldnn.is_available()
+        and ops is not None
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    )
+
+
+class PackedLinear(nn.Module):
+    """`nn.Linear` (float32, CPU) whose weight is held in oneDNN's packed layout."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        dense = linear.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(dense, None)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The packed weight (its `.device` and `.dtype` are the layer's; read with `.to_dense()`)."""
+        return self.packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return F.linear(x, self.packed.to_dense(), self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear`, in place; returns how many."""
+    count = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is not nn.Linear or child.weight.dtype != torch.float32 or child.weight.device.type != "cpu":
+                continue
+            dense = child.weight.detach()
+            setattr(module, name, PackedLinear(child))
+            release_mapped_pages(dense)
+            count += 1
+    return count

@@ -1,0 +1,115 @@
+"""oneDNN-packed linear layers (`policy.cpu_linear: packed`, the node's and server's default on x86 CPUs):
+the same products as nn.Linear, gradients where guided RTC needs them, LeRobot's actions from real layouts,
+and a checkpoint's mapped pages let go once a layer holds its packed copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import omni_ros.policy
+from omni_ros.backends.factory import load_policy
+from omni_ros.config import ConfigError, PolicyConfig
+from omni_ros.policy.cpu_linear import PackedLinear, pack_linears, packed_linear_available
+from omni_ros.policy.layouts.weights import SafetensorsFile, release_mapped_pages
+from omni_ros.policy.rtc import RtcRequest
+from omni_ros.typed_config import from_dict
+
+REFERENCE = Path(__file__).parent / "fixtures" / "reference"
+pytestmark = [
+    pytest.mark.usefixtures("torch_one_thread"),
+    pytest.mark.skipif(not packed_linear_available(), reason="oneDNN's packed linear is for x86 torch builds"),
+]
+
+
+@pytest.mark.parametrize(("shape", "bias"), [((7, 48), True), ((2, 51, 48), False), ((3, 5, 9, 48), True)])
+def test_packed_linear_computes_nn_linear(shape, bias):
+    torch.manual_seed(0)
+    dense = nn.Linear(48, 80, bias=bias)
+    packed = PackedLinear(dense)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        np.testing.assert_allclose(packed(x).numpy(), dense(x).numpy(), rtol=1e-5, atol=1e-5)
+        # A strided input (a transposed view) too.
+        xt = torch.randn(shape[-2] if len(shape) > 1 else 1, 6, 48).transpose(0, 1)
+        np.testing.assert_allclose(packed(xt).numpy(), dense(xt).numpy(), rtol=1e-5, atol=1e-5)
+    assert packed.weight.is_mkldnn and packed.weight.device.type == "cpu"
+    torch.testing.assert_close(packed.weight.to_dense(), dense.weight.detach(), rtol=0, atol=0)
+
+
+def test_gradients_flow_through_a_packed_linear_where_one_is_asked_for():
+    torch.manual_seed(1)
+    dense = nn.Linear(16, 8)
+    packed = PackedLinear(dense)
+    x1 = torch.randn(4, 16, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    (dense(x1) ** 2).sum().backward()
+    (packed(x2) ** 2).sum().backward()
+    assert x2.grad is not None
+    torch.testing.assert_close(x2.grad, x1.grad)
+
+
+def test_pack_linears_swaps_every_float32_linear_and_leaves_the_rest():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.Linear(3, 2).double())
+    assert pack_linears(model) == 2
+    assert [type(m).__name__ for m in model.modules()].count("PackedLinear") == 2
+    assert isinstance(model[2], nn.Linear)  # float64 stays as it is
+
+
+def test_a_lerobot_pi0_packed_gives_lerobots_actions_and_the_dense_ones():
+    import json
+
+    from safetensors.numpy import load_file
+
+    manifest = json.loads((REFERENCE / "manifest.json").read_text())
+    case = manifest["fixtures"]["pi0_3cam"]["cases"]["all_cameras"]
+    data = load_file(REFERENCE / case["file"])
+    images = {
+        k.removeprefix("observation/observation.images."): v
+        for k, v in data.items()
+        if k.startswith("observation/observation.images.")
+    }
+    obs = {"images": images, "state": data["observation/observation.state"], "prompt": case["prompt"]}
+    packed = omni_ros.policy.load(REFERENCE / "pi0_3cam", cpu_linear="packed")
+    dense = omni_ros.policy.load(REFERENCE / "pi0_3cam")
+    assert packed.runner.packed_linears > 20 and dense.runner.packed_linears == 0
+    out = packed.infer(obs, noise=data["noise"][0])["actions"]
+    np.testing.assert_allclose(out, data["actions"][0], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(out, dense.infer(obs, noise=data["noise"][0])["actions"], rtol=0, atol=1e-5)
+
+
+def test_guided_rtc_runs_on_packed_linears_as_on_dense_ones():
+    rng = np.random.default_rng(0)
+    pols = [omni_ros.policy.load(REFERENCE / "smolvla_3cam", num_steps=3, cpu_linear=m) for m in ("packed", "dense")]
+    images = {c: rng.integers(0, 256, (40, 48, 3), dtype=np.uint8) for c in pols[0].spec.camera_names}
+    obs = {"images": images, "state": rng.normal(size=pols[0].spec.state_dim), "prompt": "pick up the cube"}
+    plain = pols[1].infer(obs)["actions"]
+    request = RtcRequest(plain[:8] + 0.5, inference_delay=3)
+    guided = [p.infer(obs, rtc=request)["actions"] for p in pols]
+    np.testing.assert_allclose(guided[0], guided[1], rtol=0, atol=1e-4)
+    assert not np.allclose(guided[1], plain, atol=1e-3)  # the guidance did act
+
+
+def test_the_config_chooses_packed_by_default_and_checks_the_value():
+    assert PolicyConfig().cpu_linear == "packed"
+    assert load_policy(PolicyConfig(preset="tiny")).runner.packed_linears > 0
+    assert load_policy(PolicyConfig(preset="tiny", cpu_linear="dense")).runner.packed_linears == 0
+    with pytest.raises(ConfigError, match="cpu_linear"):
+        from_dict(PolicyConfig, {"cpu_linear": "fast"})
+
+
+def test_mapped_pages_are_released_only_for_tensors_viewing_a_weights_file(tmp_path):
+    from safetensors.torch import save_file
+
+    weight = torch.arange(64 * 1024, dtype=torch.float32).reshape(256, 256)
+    save_file({"w": weight, "b": torch.ones(3)}, tmp_path / "model.safetensors")
+    file = SafetensorsFile(tmp_path / "model.safetensors")
+    view = file.view("w")
+    assert release_mapped_pages(view)
+    # The pages come back from the file on the next read: nothing but resident memory changed.
+    torch.testing.assert_close(view, weight, rtol=0, atol=0)
+    assert not release_mapped_pages(weight.clone())
