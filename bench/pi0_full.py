@@ -1,6 +1,7 @@
 """A full-size pi0 (about 3.3 B parameters) in LeRobot's folder layout: load time, peak memory, one inference.
 
-    .venv/bin/python bench/pi0_full.py [--work-dir DIR] [--dtype float32] [--device cpu] [--cameras 3] [--out FILE]
+    .venv/bin/python bench/pi0_full.py [--work-dir DIR] [--dtype float32] [--device cpu] [--cameras 3]
+        [--cpu-linear packed] [--out FILE]
 
 Writes a random-weight pi0 at the real sizes (SigLIP So400m/14 at 224 px, Gemma 2B, the 300M expert, horizon
 50, 32-wide state and actions) to DIR exactly as LeRobot's `save_pretrained` lays it out (config.json, bf16
@@ -174,9 +175,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    policy = omni_ros.policy.load(args.work_dir, device=args.device, dtype=args.dtype)
+    policy = omni_ros.policy.load(args.work_dir, device=args.device, dtype=args.dtype, cpu_linear=args.cpu_linear)
     load_s = time.perf_counter() - start
-    params = sum(p.numel() for p in policy.runner.model.parameters())
+    from omni_ros.policy.cpu_linear import weight_count
+
+    params = weight_count(policy.runner.model)
     bytes_ = params * torch.empty((), dtype=policy.runner.dtype).element_size()
     rss_after_load = rss_mb()
     rng = np.random.default_rng(0)
@@ -199,6 +202,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "device": args.device,
         "dtype": args.dtype,
+        "cpu_linear": args.cpu_linear,
+        "packed_linears": policy.runner.packed_linears,
         "threads": torch.get_num_threads(),
         "parameters": params,
         "model_mb": round(bytes_ / 2**20, 1),
@@ -233,6 +238,9 @@ def main() -> int:
     parser.add_argument("--cameras", type=int, default=3, choices=[1, 2, 3])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument(
+        "--cpu-linear", default="packed", choices=["packed", "dense"], help="as policy.cpu_linear (default: as served)"
+    )
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -245,7 +253,7 @@ def main() -> int:
         print(f"[bench] writing a full-size pi0 (bf16) to {work} ...", file=sys.stderr, flush=True)
         report["written"] = write_folder(work)
     options = {"--work-dir": work, "--device": args.device, "--dtype": args.dtype, "--cameras": args.cameras,
-               "--runs": args.runs, "--threads": args.threads}  # fmt: skip
+               "--runs": args.runs, "--threads": args.threads, "--cpu-linear": args.cpu_linear}  # fmt: skip
     cmd = [sys.executable, __file__, "--measure", *(str(x) for item in options.items() for x in item)]
     print("[bench] loading and running it in a fresh process ...", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -4,6 +4,8 @@ and a checkpoint's mapped pages let go once a layer holds its packed copy."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ from torch import nn
 import omni_ros.policy
 from omni_ros.backends.factory import load_policy
 from omni_ros.config import ConfigError, PolicyConfig
-from omni_ros.policy.cpu_linear import PackedLinear, pack_linears, packed_linear_available
+from omni_ros.policy.cpu_linear import PackedLinear, pack_linears, packed_linear_available, weight_count
 from omni_ros.policy.layouts.weights import SafetensorsFile, release_mapped_pages
 from omni_ros.policy.rtc import RtcRequest
 from omni_ros.typed_config import from_dict
@@ -55,9 +57,28 @@ def test_gradients_flow_through_a_packed_linear_where_one_is_asked_for():
 
 def test_pack_linears_swaps_every_float32_linear_and_leaves_the_rest():
     model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.Linear(3, 2).double())
+    before = sum(p.numel() for p in model.parameters())
     assert pack_linears(model) == 2
+    assert weight_count(model) == before
     assert [type(m).__name__ for m in model.modules()].count("PackedLinear") == 2
     assert isinstance(model[2], nn.Linear)  # float64 stays as it is
+
+
+def test_pack_linears_lets_each_dense_weight_go_before_packing_the_next(monkeypatch):
+    """Holding the layers to the end held every dense weight beside its packed copy (1.87x on the 3.2 B pi0)."""
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+    refs = [weakref.ref(layer.weight) for layer in model]
+    alive: list[int] = []
+    original = PackedLinear.__init__
+
+    def counting(self, linear):
+        gc.collect()
+        alive.append(sum(r() is not None for r in refs))
+        original(self, linear)
+
+    monkeypatch.setattr(PackedLinear, "__init__", counting)
+    assert pack_linears(model) == 4
+    assert alive == [4, 3, 2, 1]
 
 
 def test_a_lerobot_pi0_packed_gives_lerobots_actions_and_the_dense_ones():

