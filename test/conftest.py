@@ -15,10 +15,17 @@ pytest_plugins = ["helpers.smolvla_fixture"]
 
 # Set before anything imports rclpy, and inherited by every child process.
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-# One domain per run and per xdist worker (gw0, gw1, ...): two workers never see each other's topics.
+# One domain per run and per xdist worker (gw0, gw1, ...): two workers never see each other's topics. The
+# controlling process picks the run's base (or keeps a ROS_DOMAIN_ID its caller set); its workers inherit that
+# environment and add their index. (A setdefault in the workers kept the inherited base: every worker on one
+# domain, and two DDS tests running at once read each other's commands.)
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-_RUN = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
-os.environ.setdefault("ROS_DOMAIN_ID", str(100 + (_RUN % 30) * 4 + _WORKER % 4))
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ.setdefault("ROS_DOMAIN_ID", str(100 + (os.getpid() % 30) * 4))
+    os.environ["OMNI_ROS_TEST_DOMAIN_BASE"] = os.environ["ROS_DOMAIN_ID"]
+else:
+    _BASE = int(os.environ.get("OMNI_ROS_TEST_DOMAIN_BASE") or os.environ.get("ROS_DOMAIN_ID") or 100)
+    os.environ["ROS_DOMAIN_ID"] = str((_BASE + _WORKER % 4) % 233)  # 232 is the highest valid domain
 
 # Modules that share one session-cached export (test/helpers/pte_cache.py) run on one worker, so each variant is
 # exported once per run; the Ray modules run one after the other (the CLI test counts the processes of every
