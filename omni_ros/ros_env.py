@@ -47,6 +47,11 @@ def spin_until_shutdown(node: Any, executor: Any = None, duration: float = 0.0) 
             executor.spin_once(timeout_sec=0.1)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    except Exception:
+        # Ctrl-C / SIGTERM shuts the context down under a callback that is publishing ("publisher's context
+        # is invalid"): that is the shutdown arriving, not a failure of the node (it made a clean stop exit 1).
+        if rclpy.ok():
+            raise
     finally:
         shutdown_executor(executor)
         node.destroy_node()

@@ -1,0 +1,47 @@
+"""The one spin loop of every `python -m omni_ros.nodes.X`: a shutdown that lands under a publishing callback
+is a clean stop, while a callback's own error still surfaces."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def rclpy_started():
+    import rclpy
+
+    rclpy.init()
+    yield rclpy
+    rclpy.try_shutdown()
+
+
+def test_a_shutdown_under_a_publishing_callback_is_a_clean_stop(rclpy_started):
+    from std_msgs.msg import String
+
+    from omni_ros.ros_env import spin_until_shutdown
+
+    node = rclpy_started.create_node("shutdown_race")
+    publisher = node.create_publisher(String, "race", 1)
+    calls = []
+
+    def tick() -> None:
+        calls.append(1)
+        rclpy_started.shutdown()  # what SIGINT does, between two lines of a callback
+        publisher.publish(String(data="late"))  # RCLError: the publisher's context is invalid
+
+    node.create_timer(0.01, tick)
+    spin_until_shutdown(node, duration=10.0)
+    assert calls == [1] and not rclpy_started.ok()
+
+
+def test_a_callback_error_while_running_still_fails(rclpy_started):
+    from omni_ros.ros_env import spin_until_shutdown
+
+    node = rclpy_started.create_node("failing_callback")
+
+    def tick() -> None:
+        raise RuntimeError("a real bug")
+
+    node.create_timer(0.01, tick)
+    with pytest.raises(RuntimeError, match="a real bug"):
+        spin_until_shutdown(node, duration=10.0)
