@@ -22,6 +22,29 @@ def emit(report: dict[str, Any], out: str | None) -> None:
         Path(out).write_text(text + "\n", encoding="utf-8")
 
 
+def cpu_facts() -> dict[str, Any]:
+    """The CPU a result was measured on: model, cores, the vector / int8 dot-product extensions it has, load."""
+    import os
+    import platform
+
+    facts: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        info = ""
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            facts["model"] = value.strip()
+        elif key.strip() in ("flags", "Features"):
+            flags = set(value.split())
+            wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+            facts["extensions"] = [f for f in wanted if f in flags]
+            break
+    facts["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return facts
+
+
 def timings_ms(fn: Callable[[], object], runs: int, warmup: int = 1) -> list[float]:
     """Wall times of `fn` in milliseconds over `runs` calls, after `warmup` untimed ones."""
     for _ in range(warmup):

@@ -1,40 +1,100 @@
-"""The GEMM ceiling of ExecuTorch XNNPACK against eager PyTorch on this CPU, for the shapes of a preset.
+"""The GEMM ceiling of every kernel we can run on this CPU, at the shapes of a policy's stages.
 
-    .venv/bin/python bench/gemm_kernels.py [--preset small] [--threads 2] [--runs 20] [--out FILE]
+    .venv/bin/python bench/gemm_kernels.py [--preset small|pi0|pi0_edge|smolvla] [--threads 2] [--runs 20] [--rounds 3]
+        [--no-export] [--out FILE]
 
-Nearly all of a policy's time is spent in its linear layers. This benchmark
-takes the linear layers of each stage of the preset (vision tower over all
-cameras' tokens, backbone prefill over the whole prefix, action expert over
-one chunk) at their real shapes, chains them into one module per stage, and
-times that module eager (PyTorch's oneDNN/MKL GEMMs), as an XNNPACK fp32 .pte
-and as an XNNPACK int8-dynamic .pte, each in its own fresh process. No
-attention, norms or glue: whatever XNNPACK gains here is the most the whole
-policy can gain from its kernels, so `flop_weighted_speedup` bounds what
-bench/backends.py can show end to end on the same machine.
+Nearly all of a policy's time is spent in its linear layers. This benchmark takes the linear layers of
+each stage (vision tower over all cameras' tokens, backbone prefill over the whole prefix, action expert
+over one chunk) at their real shapes, chains them into one module per stage, and times that module with
+every GEMM kernel the product can use, each in its own fresh process:
+
+- `eager_dense`: torch's nn.Linear (MKL / oneDNN sgemm), `policy.cpu_linear: dense`;
+- `eager_packed`: oneDNN from a pre-packed weight, `policy.cpu_linear: packed` (the served default);
+- `eager_int8`: torch's dynamically quantized linear (the x86 engine's u8 x s8 FBGEMM kernels, which use
+  VNNI where the CPU has it and AVX2 pairwise multiply-adds where it does not);
+- `xnnpack_fp32` / `xnnpack_int8`: the same module as an ExecuTorch XNNPACK .pte, fp32 and int8-dynamic.
+
+No attention, norms or glue: `inference_gemm_ms` (one inference's GEMMs: vision and prefill once, the
+denoising step num_steps times) is a floor under that kernel's whole chunk, and `flop_weighted_speedup` (over
+`eager_packed`) the most that kernel can gain the whole policy, so they bound what bench/vs_lerobot.py,
+bench/smolvla.py and bench/backends.py can show end to end on the same machine. The kernels run in turn,
+round after round, so a slow spell of a shared machine lands on all of them. `--preset` is a pi0 preset,
+`pi0_edge` (bench/vs_lerobot.py's size) or `smolvla` (LeRobot's default SmolVLA over SmolVLM2-500M, 2 cameras
+at 512 px).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import emit, median_ms
+from common import cpu_facts, emit, median_ms
 
-VARIANTS = {"xnnpack_fp32": "none", "xnnpack_int8": "int8-dynamic"}
+EAGER = ("eager_dense", "eager_packed", "eager_int8")
+PTE = {"xnnpack_fp32": "none", "xnnpack_int8": "int8-dynamic"}
+BASELINE = "eager_packed"  # what the node and the server run
 
 
-def stage_shapes(preset_name: str) -> dict[str, dict[str, Any]]:
-    """Per stage: rows (tokens in one inference) and the (in, out) features of every linear, in order."""
+def smolvla_stage_shapes() -> tuple[dict[str, dict[str, Any]], int]:
+    """SmolVLA's stages at LeRobot's default size (SmolVLAConfig's defaults), 2 cameras, a 48-token prompt."""
+    from omni_ros.policy.smolvla.configuration import SmolVLAConfig
+
+    cfg = SmolVLAConfig()
+    v, t, e = cfg.vision, cfg.text, cfg.expert
+    cameras = len(cfg.camera_names)
+    patches = (cfg.tile_size // v.patch_size) ** 2
+    vision_layer = [(v.width, v.width)] * 4 + [(v.width, v.mlp_dim), (v.mlp_dim, v.width)]
+    q, kv = t.num_heads * t.head_dim, t.num_kv_heads * t.head_dim
+    text_layer = [(t.width, q), (t.width, kv), (t.width, kv), (q, t.width)]
+    text_layer += [(t.width, t.mlp_dim), (t.width, t.mlp_dim), (t.mlp_dim, t.width)]
+    expert: list[tuple[int, int]] = []
+    for _, kind in cfg.layer_plan():
+        # A cross-attention layer projects the cached VLM K/V once in prefill; per step it has q and o.
+        expert += [(e.width, q)] + ([(e.width, kv), (e.width, kv)] if kind == "self" else []) + [(q, e.width)]
+        expert += [(e.width, e.mlp_dim), (e.width, e.mlp_dim), (e.mlp_dim, e.width)]
+    # The connector projects the pixel-shuffled image tokens (2 x 64 rows); it is counted with the prefill, at
+    # the prefill's 177 rows (2% more than its GEMM work).
+    connector = [(v.width * v.scale_factor**2, t.width)]
+    shapes = {
+        "vision": {"rows": cameras * patches, "linears": vision_layer * v.depth},
+        "prefill": {"rows": cfg.prefix_len, "linears": connector + text_layer * t.depth},
+        "denoise_step": {"rows": cfg.action_horizon, "linears": expert},
+    }
+    return shapes, cfg.num_steps
+
+
+def pi0_edge():
+    """bench/vs_lerobot.py's edge-size pi0 (scripts/lerobot_bench.py): 2 cameras at 224 px in 14 px patches,
+    SigLIP 384 x 6, VLM 512 x 6, expert 256 x 6, a 48-token prompt, horizon 50, 10 steps."""
+    from omni_ros.policy.pi0.configuration import TokenizerConfig, TransformerConfig, VisionConfig
     from omni_ros.policy.pi0.presets import preset
 
-    cfg = preset(preset_name)
+    gemma = dict(num_heads=8, num_kv_heads=1, head_dim=64)
+    return preset(
+        "small",
+        action_horizon=50,
+        num_steps=10,
+        vision=VisionConfig(image_size=224, patch_size=14, width=384, depth=6, num_heads=16, mlp_dim=1536),
+        backbone=TransformerConfig(width=512, depth=6, mlp_dim=2048, **gemma),
+        expert=TransformerConfig(width=256, depth=6, mlp_dim=1024, **gemma),
+        tokenizer=TokenizerConfig(max_tokens=48),
+    )
+
+
+def stage_shapes(preset_name: str) -> tuple[dict[str, dict[str, Any]], int]:
+    """Per stage: rows (tokens in one inference) and the (in, out) features of every linear, in order; and
+    how many denoising steps one inference runs."""
+    if preset_name == "smolvla":
+        return smolvla_stage_shapes()
+    from omni_ros.policy.pi0.presets import preset
+
+    cfg = pi0_edge() if preset_name == "pi0_edge" else preset(preset_name)
     v, b, e = cfg.vision, cfg.backbone, cfg.expert
 
     def decoder(part, rows: int, layers: int) -> dict[str, Any]:
@@ -44,11 +104,12 @@ def stage_shapes(preset_name: str) -> dict[str, dict[str, Any]]:
         return {"rows": rows, "linears": one * layers}
 
     vision_layer = [(v.width, 3 * v.width), (v.width, v.width), (v.width, v.mlp_dim), (v.mlp_dim, v.width)]
-    return {
+    shapes = {
         "vision": {"rows": len(cfg.camera_names) * v.num_tokens, "linears": vision_layer * v.depth},
         "prefill": decoder(b, cfg.prefix_len, b.depth),
         "denoise_step": decoder(e, cfg.action_horizon + 1, e.depth),
     }
+    return shapes, cfg.num_steps
 
 
 def build(shapes: list[tuple[int, int]]):
@@ -92,10 +153,24 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
-    stage = stage_shapes(args.preset)[args.stage]
+    stage = stage_shapes(args.preset)[0][args.stage]
     model = build(stage["linears"])
     xs = model.example(stage["rows"])
     if args.pte is None:
+        if args.kernel == "eager_packed":
+            from omni_ros.policy.cpu_linear import pack_linears, packed_linear_available
+
+            if not packed_linear_available():
+                return {"ms": None, "why": "no oneDNN packed linear in this torch build / CPU"}
+            pack_linears(model)
+        elif args.kernel == "eager_int8":
+            import warnings
+
+            from torch import nn
+
+            with warnings.catch_warnings():  # torch.ao.quantization's deprecation notice
+                warnings.simplefilter("ignore")
+                model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
         with torch.inference_mode():
             return {"ms": median_ms(lambda: model(*xs), args.runs)}
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
@@ -106,8 +181,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     return {"ms": median_ms(lambda: method.execute(list(xs)), args.runs)}
 
 
-def run_worker(args: argparse.Namespace, stage: str, pte: Path | None) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--worker", "--preset", args.preset, "--stage", stage]
+def run_worker(args: argparse.Namespace, stage: str, kernel: str, pte: Path | None = None) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--worker", "--preset", args.preset, "--stage", stage, "--kernel", kernel]
     cmd += ["--threads", str(args.threads), "--runs", str(args.runs)] + (["--pte", str(pte)] if pte else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -115,54 +190,83 @@ def run_worker(args: argparse.Namespace, stage: str, pte: Path | None) -> dict[s
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def summarize(report: dict[str, Any], steps: int, kernels: list[str]) -> None:
+    """Per kernel, the GEMM time of one inference (vision and prefill once, denoise_step `steps` times) and
+    its speedup over the baseline: the most that kernel can give the whole policy on this machine."""
+    weights = {"vision": 1, "prefill": 1, "denoise_step": steps}
+
+    def total(kernel: str) -> float | None:
+        times = [report["stages"][s][f"{kernel}_ms"] for s in weights]
+        return None if None in times else sum(t * weights[s] for t, s in zip(times, weights, strict=True))
+
+    totals = {k: total(k) for k in kernels}
+    base = totals.get(BASELINE) or totals.get("eager_dense")
+    report["inference_gemm_ms"] = {k: (round(t, 1) if t else None) for k, t in totals.items()}
+    report["flop_weighted_speedup"] = {k: (round(base / t, 2) if t and base else None) for k, t in totals.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="small")
+    parser.add_argument(
+        "--preset",
+        default="small",
+        help="a pi0 preset (tiny, demo, small, pi0), pi0_edge (bench/vs_lerobot.py's size) or smolvla",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="kernels timed in turn this many times; the median round is kept"
+    )
+    parser.add_argument("--no-export", action="store_true", help="eager kernels only (no XNNPACK rows)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     parser.add_argument("--pte", help=argparse.SUPPRESS)
+    parser.add_argument("--kernel", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
 
-    shapes = stage_shapes(args.preset)
+    shapes, steps = stage_shapes(args.preset)
+    kernels = list(EAGER) + ([] if args.no_export else list(PTE))
     report: dict[str, Any] = {
         "benchmark": "gemm_kernels",
         "preset": args.preset,
         "threads": args.threads,
         "runs": args.runs,
-        "machine": {"cpu": platform.machine(), "cores": os.cpu_count(), "load_average": list(os.getloadavg())},
+        "rounds": args.rounds,
+        "baseline": BASELINE,
+        "machine": cpu_facts(),
         "stages": {},
     }
-    flops: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="omni_gemm_") as tmp:
         for name, stage in shapes.items():
-            flops[name] = 2.0 * stage["rows"] * sum(i * o for i, o in stage["linears"])
+            flop = 2.0 * stage["rows"] * sum(i * o for i, o in stage["linears"])
             print(f"[gemm] {name}: {stage['rows']} rows, {len(stage['linears'])} linears", file=sys.stderr, flush=True)
-            row: dict[str, Any] = {"rows": stage["rows"], "linears": len(stage["linears"]), "gflop": flops[name] / 1e9}
-            row["eager_ms"] = run_worker(args, name, None)["ms"]
-            for variant, quantize in VARIANTS.items():
-                pte = Path(tmp) / f"{name}_{variant}.pte"
-                export(stage, quantize, pte)
-                ms = run_worker(args, name, pte)["ms"]
-                row[f"{variant}_ms"] = ms
-                row[f"{variant}_speedup"] = round(row["eager_ms"] / ms, 2)
-            row["eager_gflops"] = round(flops[name] / row["eager_ms"] / 1e6, 1)
+            row: dict[str, Any] = {"rows": stage["rows"], "linears": len(stage["linears"]), "gflop": flop / 1e9}
+            ptes: dict[str, Path | None] = dict.fromkeys(kernels)
+            for kernel in PTE.keys() & set(kernels):
+                pte = ptes[kernel] = Path(tmp) / f"{name}_{kernel}.pte"
+                export(stage, PTE[kernel], pte)
+            # Kernels in turn, round after round: a slow spell of this shared VM lands on every kernel alike.
+            samples: dict[str, list[float]] = {k: [] for k in kernels}
+            for _ in range(args.rounds):
+                for kernel in kernels:
+                    ms = run_worker(args, name, kernel, ptes[kernel])["ms"]
+                    if ms is not None:
+                        samples[kernel].append(ms)
+            for kernel in kernels:
+                row[f"{kernel}_ms"] = round(statistics.median(samples[kernel]), 3) if samples[kernel] else None
+                row[f"{kernel}_rounds_ms"] = samples[kernel]
+                print(f"[gemm]   {kernel}: {samples[kernel]} ms", file=sys.stderr, flush=True)
+            base = row[f"{BASELINE}_ms"] or row["eager_dense_ms"]
+            for kernel in kernels:
+                ms = row[f"{kernel}_ms"]
+                row[f"{kernel}_gflops"] = round(flop / ms / 1e6, 1) if ms else None
+                row[f"{kernel}_speedup"] = round(base / ms, 2) if ms else None
             report["stages"][name] = row
-    # Time-weighted over one inference: vision + prefill once, denoise_step num_steps times.
-    from omni_ros.policy.pi0.presets import preset
-
-    steps = preset(args.preset).num_steps
-    weights = {"vision": 1, "prefill": 1, "denoise_step": steps}
-    eager_total = sum(report["stages"][s]["eager_ms"] * w for s, w in weights.items())
-    report["flop_weighted_speedup"] = {
-        variant: round(eager_total / sum(report["stages"][s][f"{variant}_ms"] * w for s, w in weights.items()), 2)
-        for variant in VARIANTS
-    }
+    summarize(report, steps, kernels)
     emit(report, args.out)
     return 0
 
