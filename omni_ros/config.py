@@ -140,12 +140,11 @@ def load_config(path: str | os.PathLike | None = None, cls: type[Any] = OmniConf
     if isinstance(policy, PolicyConfig) and policy.checkpoint and not Path(policy.checkpoint).is_absolute():
         # Relative checkpoint paths mean "next to this config file", wherever the command runs from.
         policy.checkpoint = str((path.parent / policy.checkpoint).resolve())
-    if isinstance(policy, PolicyConfig) and policy.pte and not Path(policy.pte).is_absolute():
-        policy.pte = str((path.parent / policy.pte).resolve())
-    if isinstance(policy, PolicyConfig) and policy.tokenizer and not Path(policy.tokenizer).is_absolute():
-        policy.tokenizer = str((path.parent / policy.tokenizer).resolve())
-    if isinstance(policy, PolicyConfig) and policy.onnx and not Path(policy.onnx).is_absolute():
-        policy.onnx = str((path.parent / policy.onnx).resolve())
+    if isinstance(policy, PolicyConfig):
+        for key in ("pte", "tokenizer", "onnx", "cache_dir"):
+            value = getattr(policy, key)
+            if value and not Path(value).expanduser().is_absolute():
+                setattr(policy, key, str((path.parent / value).resolve()))
     if isinstance(policy, PolicyConfig) and policy.remote.ca_file and not Path(policy.remote.ca_file).is_absolute():
         policy.remote.ca_file = str((path.parent / policy.remote.ca_file).resolve())
     serve = getattr(config, "serve", None)

@@ -37,12 +37,16 @@ def run_stack(
     tts: bool = False,
     processes: bool = False,
     config_path: str | None = None,
+    policy_args: list[str] | None = None,
 ) -> int:
-    """Run the configured nodes until Ctrl-C or `duration` seconds (0 = forever)."""
+    """Run the configured nodes until Ctrl-C or `duration` seconds (0 = forever).
+
+    `policy_args` (e.g. `--precision int8`) go to the nodes that load a policy when they run as processes; in one
+    process `config` already holds them."""
     default_to_localhost()
     names = node_names(config, sim, bridge, tts)
     if processes:
-        return _run_processes(names, sim, duration, config_path)
+        return _run_processes(names, sim, duration, config_path, policy_args or [])
     return _run_in_process(config, names, duration)
 
 
@@ -129,11 +133,14 @@ def _run_in_process(config: OmniConfig, names: list[str], duration: float) -> in
         rclpy.try_shutdown()
 
 
-def _run_processes(names: list[str], sim: bool, duration: float, config_path: str | None) -> int:
+def _run_processes(
+    names: list[str], sim: bool, duration: float, config_path: str | None, policy_args: list[str]
+) -> int:
     """One OS process per node (`omni-ros node NAME`), stopped together."""
     base = [sys.executable, "-m", "omni_ros.cli", "node"]
     extra = (["--config", config_path] if config_path else []) + (["--sim"] if sim else [])
-    procs = [subprocess.Popen([*base, name, *extra]) for name in names]
+    loads_policy = ("policy", "bridge")
+    procs = [subprocess.Popen([*base, name, *extra, *(policy_args if name in loads_policy else [])]) for name in names]
     print(
         f"omni-ros up: started {', '.join(f'{n} (pid {p.pid})' for n, p in zip(names, procs, strict=True))}", flush=True
     )

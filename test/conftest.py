@@ -15,6 +15,10 @@ pytest_plugins = ["helpers.smolvla_fixture"]
 
 # Set before anything imports rclpy, and inherited by every child process.
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+# `policy.precision: auto` picks from the CPU's instructions, and CI machines differ (AVX2-only, VNNI, AMX): the
+# suite believes an AVX2-only CPU (auto -> fp32) wherever a test does not choose a precision or pretend a CPU
+# itself, so its tolerances hold on every machine. omni_ros/cpu_features.py FLAGS_ENV.
+os.environ.setdefault("OMNI_ROS_CPU_FLAGS", "avx2")
 # One domain per run and per xdist worker (gw0, gw1, ...): two workers never see each other's topics. The
 # controlling process picks the run's base (or keeps a ROS_DOMAIN_ID its caller set); its workers inherit that
 # environment and add their index. (A setdefault in the workers kept the inherited base: every worker on one

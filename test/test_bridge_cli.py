@@ -31,7 +31,8 @@ def test_serve_with_a_policy_factory(root):
         client = WebsocketClientPolicy(url)
         result = client.infer(libero_obs(np.random.default_rng(0)))
         assert result["actions"].shape == (10, 7)
-        assert healthz(int(url.rsplit(":", 1)[1])) == (200, "OK\n")
+        status, body = healthz(int(url.rsplit(":", 1)[1]))
+        assert (status, body.splitlines()[0]) == (200, "OK")
     finally:
         code, out, err = stop_serve(proc)
     assert code == 0, err

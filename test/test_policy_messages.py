@@ -72,6 +72,7 @@ def _status(code: int, detail: str = "why") -> PolicyStatus:
         achieved_rate=49.5,
         dry_run=True,
         counts={"chunks": 3, "commands": 140, "dropped_frames": 2, "errors": 1},
+        precision="int8: exported program (int8-dynamic)",
     )
 
 
@@ -84,6 +85,7 @@ def test_policy_status_carries_every_field():
         "camera 'base' is stale",
     )
     assert (msg.backend, msg.model, msg.dry_run) == ("executorch-xnnpack", "pi0-tiny", True)
+    assert msg.precision == "int8: exported program (int8-dynamic)"
     assert msg.last_inference_time == pytest.approx(0.04567)
     assert (msg.control_rate, msg.achieved_rate) == (50.0, 49.5)
     assert (msg.chunks, msg.commands, msg.dropped_frames, msg.errors) == (3, 140, 2, 1)
@@ -111,6 +113,7 @@ def test_diagnostics_mirror_the_status(code, level):
     assert values == {
         "state": messages.STATUS_NAMES[code],
         "model": "pi0-tiny",
+        "precision": "int8: exported program (int8-dynamic)",
         "last_inference_s": "0.0457",
         "achieved_rate_hz": "49.5",
         "dry_run": "True",

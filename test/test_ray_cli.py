@@ -70,7 +70,8 @@ def test_serve_ray_with_two_replicas_and_a_clean_stop(root):
         expected = expected_actions(policy, make_observation(policy.spec, keymap.to_raw(obs)))
         for client in clients:
             np.testing.assert_array_equal(client.infer(obs)["actions"], expected)
-        assert healthz(int(url.rsplit(":", 1)[1])) == (200, "OK\n")
+        status, body = healthz(int(url.rsplit(":", 1)[1]))
+        assert (status, body.splitlines()[0]) == (200, "OK")
     finally:
         code, out, err = stop_serve(proc)
     assert code == 0, err

@@ -34,6 +34,7 @@ from omni_ros.export.methods import GUIDED_STEP, stage_plan
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
+from omni_ros.policy.precision.choice import program_choice
 from omni_ros.policy.rtc import RtcError, RtcPlan
 from omni_ros.typed_config import ConfigError
 
@@ -88,6 +89,7 @@ class ExecuTorchRunner:
         self.plan = stage_plan(sidecar.family)
         self.device = torch.device("cuda" if sidecar.target == "cuda" else "cpu")
         self.backend = f"executorch-{sidecar.target}" + ("" if sidecar.quantize == "none" else f"-{sidecar.quantize}")
+        self.precision = program_choice(sidecar.quantize, "auto", str(pte)).describe()
         from executorch.runtime import Runtime
 
         runtime = Runtime.get()

@@ -58,6 +58,9 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
         "seed": config.seed,
         "num_steps": config.num_steps,
         "cpu_linear": config.cpu_linear,
+        "precision": config.precision,
+        "int8_kernel": config.int8_kernel,
+        "cache_dir": config.cache_dir,
     }
     if config.checkpoint:
         policy = load(config.checkpoint, tokenizer=config.tokenizer, **common)
@@ -95,9 +98,10 @@ def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim) 
     # PolicyConfig checked itself: a pte is given and the dtype is float32.
     from omni_ros.backends.executorch_runner import load_pte
 
-    return load_pte(
+    policy = load_pte(
         Path(config.pte or ""), device=config.device, **_exported(config, camera_names, state_dim, action_dim)
     )
+    return _checked_precision(policy, config, str(config.pte))
 
 
 def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
@@ -105,7 +109,20 @@ def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim)
     from omni_ros.backends.onnx_runner import load_onnx
 
     folder = Path(config.onnx or "")
-    return load_onnx(folder, providers=config.providers, **_exported(config, camera_names, state_dim, action_dim))
+    policy = load_onnx(folder, providers=config.providers, **_exported(config, camera_names, state_dim, action_dim))
+    return _checked_precision(policy, config, str(folder))
+
+
+def _checked_precision(policy: Any, config: PolicyConfig, source: str) -> Policy:
+    """An exported program computes in the precision it was exported with: `policy.precision` must agree."""
+    from omni_ros.policy.precision.choice import PrecisionError, program_choice
+
+    try:
+        program_choice(policy.runner.sidecar.quantize, config.precision, source)
+    except PrecisionError:
+        policy.close()
+        raise
+    return policy
 
 
 def _exported(config: PolicyConfig, camera_names, state_dim, action_dim) -> dict:

@@ -33,6 +33,7 @@ from omni_ros.export.ort_session import (
 from omni_ros.export.sidecar import OnnxModelError, check_compatible, read_onnx_sidecar
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
+from omni_ros.policy.precision.choice import program_choice
 from omni_ros.policy.rtc import RtcError, RtcPlan
 
 MODES = ("auto", "staged", "fused")
@@ -104,6 +105,7 @@ class OnnxRunner:
         self.per_token = mode == "staged" and takes_per_token_times(sidecar)
         quant = "" if sidecar.quantize == "none" else f"-{sidecar.quantize}"
         self.backend = f"onnxruntime-{providers[0]}{quant}"
+        self.precision = program_choice(sidecar.quantize, "auto", str(folder)).describe()
 
     def _run(self, method: str, feeds: dict[str, torch.Tensor | np.ndarray]) -> list[np.ndarray]:
         """Run `method` on the named inputs it takes (graphs drop inputs they do not use)."""

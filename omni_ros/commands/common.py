@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from omni_ros import cpu_threads
@@ -29,12 +30,53 @@ def add_sim_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_config_args(parser: argparse.ArgumentParser, sim: bool = True) -> None:
+def add_config_args(parser: argparse.ArgumentParser, sim: bool = True, policy: bool = False) -> None:
+    """`--config` (and `--sim`); `policy=True` for commands that load a policy: `--precision`, `--int8-kernel`."""
     parser.add_argument(
         "--config", help="YAML config file (default: config/default.yaml, or the simulator's with --sim)"
     )
     if sim:
         add_sim_arg(parser)
+    if policy:
+        add_precision_args(parser)
+
+
+# The choices are spelled here, not imported: the CLI parses its arguments before it imports torch.
+PRECISION_CHOICES = ("auto", "fp32", "bf16", "int8")
+INT8_KERNEL_CHOICES = ("auto", "onednn", "xnnpack")
+
+
+def add_precision_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--precision",
+        choices=PRECISION_CHOICES,
+        help="what the policy's GEMMs compute in (overrides policy.precision): auto picks from this CPU's "
+        "instructions (bf16 on AMX, int8 where there is an int8 dot product, fp32 otherwise); fp32, bf16 (bf16 "
+        "GEMMs, float32 elsewhere) and int8 (weights per channel, activations per token) force one",
+    )
+    parser.add_argument(
+        "--int8-kernel",
+        choices=INT8_KERNEL_CHOICES,
+        help="the int8 GEMM kernel (overrides policy.int8_kernel): auto, onednn (torch) or xnnpack (ExecuTorch's, "
+        "built on first load and cached)",
+    )
+
+
+def precision_argv(args: argparse.Namespace) -> list[str]:
+    """`--precision` / `--int8-kernel` as given, to hand on to node processes."""
+    out = []
+    if getattr(args, "precision", None):
+        out += ["--precision", args.precision]
+    if getattr(args, "int8_kernel", None):
+        out += ["--int8-kernel", args.int8_kernel]
+    return out
+
+
+def apply_precision_args(config: OmniConfig, args: argparse.Namespace) -> None:
+    """Put `--precision` / `--int8-kernel` into `config.policy`, checked as the YAML's values are."""
+    changes = {key: getattr(args, key) for key in ("precision", "int8_kernel") if getattr(args, key, None) is not None}
+    if changes:
+        config.policy = dataclasses.replace(config.policy, **changes)
 
 
 def config_from_args(args: argparse.Namespace) -> OmniConfig:
@@ -44,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> OmniConfig:
     if sim:
         # The simulated robot is safe to drive, whatever the file says.
         config.robot.dry_run = False
+    apply_precision_args(config, args)
     # Every command reads its config before it imports torch: the thread settings take effect here.
     cpu_threads.configure(config.policy)
     return config

@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and what the node publishes is scored.",
     )
     p.add_argument("bags", nargs="+", metavar="BAG", help="rosbag2 directory, .mcap or .db3 file")
-    add_config_args(p)
+    add_config_args(p, policy=True)
     p.add_argument("--out", default="eval_out", help="output directory (default: eval_out)")
     p.add_argument("--rate", type=float, help="inference instants at this rate in Hz (overrides eval.rate_hz)")
     p.add_argument("--every", type=int, help="an inference instant every k-th trigger frame (eval.every_k_frames)")

@@ -8,6 +8,36 @@ import json
 
 from omni_ros.typed_config import ConfigError
 
+# --precision -> the xnnpack recipe that computes in it (an exported program has no bf16 kernels).
+PRECISION_RECIPES = {"fp32": "none", "int8": "int8-dynamic"}
+
+
+def _quantize_for(args: argparse.Namespace) -> str:
+    """`--quantize` from `--precision` (the same words as policy.precision), refusing the two when they disagree."""
+    if args.precision is None:
+        return args.quantize or "none"
+    precision = args.precision
+    if precision == "bf16":
+        raise ConfigError(
+            "export --precision bf16: exported programs have no bf16 GEMMs here; serve the checkpoint with the torch "
+            "backend and policy.precision bf16, or export --precision int8 / fp32"
+        )
+    if precision == "auto":
+        from omni_ros.cpu_features import detect
+
+        # What auto runs on this CPU, in a program: int8 where it has an int8 dot product, else float32.
+        precision = "int8" if args.target == "xnnpack" and detect().int8_dot else "fp32"
+        print(f"export --precision auto: {precision} on this CPU ({detect().model})")
+    if precision == "int8" and args.target != "xnnpack":
+        raise ConfigError(
+            f"export --precision int8: int8-dynamic GEMMs are exported for --target xnnpack; --target {args.target} "
+            "takes --qnn-precision (qnn, qnn-onnx) or float32"
+        )
+    recipe = PRECISION_RECIPES[precision]
+    if args.quantize not in (None, recipe):
+        raise ConfigError(f"export: --precision {args.precision} means --quantize {recipe}, not {args.quantize}")
+    return recipe
+
 
 def run(args: argparse.Namespace) -> int:
     import logging
@@ -23,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     precision = args.qnn_precision or ("16a8w" if args.target == "qnn-onnx" else "8a8w")
     qnn = QnnOptions(soc=args.qnn_soc, precision=precision, calibration_samples=args.calibration_samples)
     methods = tuple(args.methods) if args.methods else None  # None: every method of the model's family
+    args.quantize = _quantize_for(args)
     try:
         # Refuse a missing SDK/GPU or a bad option before loading and tracing anything.
         check_export_target(args.target, args.quantize, qnn)
@@ -89,9 +120,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--quantize",
-        default="none",
         choices=["none", "int8-dynamic", "8da4w"],
-        help="weight quantization for xnnpack (QNN uses --qnn-precision)",
+        help="weight quantization for xnnpack (QNN uses --qnn-precision); default none",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16", "int8"],
+        help="policy.precision's words for --quantize: int8 = int8-dynamic (weights per channel, activations per "
+        "token), fp32 = none, auto = what this CPU runs fastest (int8 with an int8 dot product); bf16 is refused",
     )
     p.add_argument("--tokenizer", help="tokenizer.json / .model for a LeRobot or openpi checkpoint that ships none")
     p.add_argument(

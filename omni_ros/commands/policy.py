@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from omni_ros.commands.common import add_precision_args
+
 
 def _load(args: argparse.Namespace):
     from omni_ros.backends.factory import load_policy
@@ -20,6 +22,8 @@ def _load(args: argparse.Namespace):
         num_steps=args.steps,
         num_threads=args.threads,
         tokenizer=args.tokenizer,
+        precision=args.precision or "auto",
+        int8_kernel=args.int8_kernel or "auto",
     )
     return load_policy(config)
 
@@ -52,9 +56,11 @@ def describe(checkpoint) -> dict:
 def run_info(args: argparse.Namespace) -> int:
     import torch
 
+    from omni_ros.cpu_features import detect
     from omni_ros.policy import families, layouts
     from omni_ros.policy.pi0.modeling import count_parameters
     from omni_ros.policy.pi0.presets import build_preset, preset
+    from omni_ros.policy.precision import choose
 
     if args.checkpoint:
         checkpoint = layouts.read(args.checkpoint, tokenizer=args.tokenizer)
@@ -69,6 +75,7 @@ def run_info(args: argparse.Namespace) -> int:
         summary = {"layout": "preset", "family": "pi0", "cameras": list(cfg.camera_names)}
         with torch.device("meta"):
             params = count_parameters(build_preset(args.preset))
+    cpu = detect()
     # pi0 configs count image tokens in vision.num_tokens; SmolVLA's (after its pixel shuffle) in tokens_per_camera.
     per_camera = getattr(cfg, "tokens_per_camera", None) or cfg.vision.num_tokens
     info = {
@@ -77,6 +84,8 @@ def run_info(args: argparse.Namespace) -> int:
         "parameters": params,
         "prefix_tokens": getattr(cfg, "prefix_len", None),
         "image_tokens_per_camera": per_camera,
+        "precision": choose(args.precision or "auto", int8_kernel=args.int8_kernel or "auto").describe(),
+        "cpu": {"model": cpu.model, "arch": cpu.arch, "gemm_flags": list(cpu.int8_dot + cpu.bf16)},
         "config": cfg.to_dict(),
         "norm_stats": stats,
         "extra": extra,
@@ -95,6 +104,8 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"normalize:    state {norm['state']}, action {norm['action']} ({norm['epsilon']} epsilon)")
         print(f"tokenizer:    {tok['kind']}, {tok['max_tokens']} tokens, from {tok['source']}")
     print(f"sampler:      {cfg.num_steps} Euler steps")
+    print(f"precision:    {info['precision']} (on the torch backend here; --precision to choose)")
+    print(f"cpu:          {cpu.model or cpu.arch}, GEMM instructions: {', '.join(info['cpu']['gemm_flags']) or 'none'}")
     for part, count in params.items():
         print(f"params {part:>9}: {count:,} ({count / 1e6:.1f}M)")
     return 0
@@ -127,7 +138,10 @@ def run_infer(args: argparse.Namespace) -> int:
     result = policy.infer(obs)
     actions = result["actions"]
     np.set_printoptions(precision=4, suppress=True, linewidth=120)
-    print(f"model {meta.model} on {meta.backend}: actions {actions.shape[0]} x {actions.shape[1]}")
+    print(
+        f"model {meta.model} on {meta.backend}, precision {meta.precision}: "
+        f"actions {actions.shape[0]} x {actions.shape[1]}"
+    )
     rows = actions if args.all else actions[: min(5, len(actions))]
     print(rows)
     if not args.all and len(actions) > len(rows):
@@ -156,6 +170,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "--tokenizer",
             help="tokenizer.json / tokenizer.model (or its folder) for a LeRobot or openpi checkpoint that ships none",
         )
+        add_precision_args(q)
 
     info = actions.add_parser(
         "info",

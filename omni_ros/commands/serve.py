@@ -153,7 +153,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve the policy over an OpenPI-compatible WebSocket (openpi-client can drive it)",
         description="Serve the configured policy to OpenPI clients; `-vv` logs one line per request.",
     )
-    add_config_args(p, sim=False)
+    add_config_args(p, sim=False, policy=True)
     p.add_argument("--host", help="interface to bind (default from config: 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default from config: 8000; 0 picks a free one)")
     p.add_argument("--keymap", help="openpi key layout: droid, libero, aloha, canonical, or a YAML path")

@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from omni_ros.commands.common import add_precision_args, apply_precision_args
+
 
 def _sim_config(args: argparse.Namespace) -> Any:
     from omni_ros.config import CONFIG_DIR, load_config
@@ -25,6 +27,8 @@ def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str |
         device=args.device,
         num_threads=args.threads,
         seed=0,
+        precision=getattr(args, "precision", None) or "auto",
+        int8_kernel=getattr(args, "int8_kernel", None) or "auto",
     )
     return load_policy(config, camera_names=["base", "wrist"])
 
@@ -118,6 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--shard-size", type=int, default=500, help="samples per .npz shard")
     c.add_argument("--device", default="cpu", help="device of the --driver policy")
     c.add_argument("--threads", type=int, default=0, help="torch threads of the --driver policy")
+    add_precision_args(c)
     c.set_defaults(func=run_collect)
     _register_eval(actions)
 
@@ -150,6 +155,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
         if args.threads:
             config.policy.num_threads = args.threads
+        apply_precision_args(config, args)
         names = [c.name for c in config.topics.cameras]
         policy = load_policy(config.policy, camera_names=names, state_dim=config.sim.n_joints)
     meta = policy.metadata
@@ -270,4 +276,5 @@ def _register_eval(actions: argparse._SubParsersAction) -> None:
     e.add_argument("--min-success", type=float, help="exit 1 if the success rate is below this fraction")
     e.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     e.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_precision_args(e)
     e.set_defaults(func=run_eval)

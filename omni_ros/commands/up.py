@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from omni_ros.commands.common import add_config_args, config_from_args, sim_config_path
+from omni_ros.commands.common import add_config_args, config_from_args, precision_argv, sim_config_path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
         tts=args.tts,
         processes=args.processes,
         config_path=config_path,
+        policy_args=precision_argv(args),
     )
 
 
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(dry_run off): `--sim` the planar arm, `--sim so101` the SO-101 in MuJoCo; on a real robot the default "
         "config is a dry run until you turn it off.",
     )
-    add_config_args(p)
+    add_config_args(p, policy=True)
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: run until Ctrl-C)")
     p.add_argument("--bridge", action="store_true", help="also serve the policy over the OpenPI WebSocket bridge")
     p.add_argument("--tts", action="store_true", help="also start the voice-feedback (TTS) node")

@@ -30,7 +30,8 @@ def summary_text(doc: dict[str, Any], out_dir: str | Path | None = None) -> str:
     o, p = doc["overall"], doc["policy"]
     lines = [
         f"omni-ros eval ({doc['mode']}): {len(doc['bags'])} bag(s), {o['episodes']} episode(s); policy {p['model']} "
-        f"on {p['backend']}, {p['action_dim']} joints, horizon {p['action_horizon']} x {p['action_dt']:g} s",
+        f"on {p['backend']} ({p['precision']}), {p['action_dim']} joints, "
+        f"horizon {p['action_horizon']} x {p['action_dt']:g} s",
         f"instants {o['instants']}: evaluated {o['evaluated']}, skipped {o['skipped']['total']}"
         + (
             " (" + "; ".join(f"{r}: {n}" for r, n in list(o["skipped"]["reasons"].items())[:3]) + ")"

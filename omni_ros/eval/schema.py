@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SCHEMA_NAME = "omni_ros.eval.metrics"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,7 @@ SCHEMA = {
     "policy": {
         "model": str,
         "backend": str,
+        "precision": str,  # what the GEMMs computed in, and why (policy.precision)
         "camera_names": ListOf(str),
         "image_size": int,
         "state_dim": int,

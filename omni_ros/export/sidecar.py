@@ -10,7 +10,6 @@ configuration it is used with.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -21,6 +20,7 @@ from typing import Any
 
 from omni_ros.errors import OmniRosError
 from omni_ros.export.methods import MethodSignature
+from omni_ros.file_hash import file_sha256
 from omni_ros.policy.normalize import NormStats
 
 FORMAT = "omni_ros.pte.v1"
@@ -41,14 +41,6 @@ class OnnxModelError(OmniRosError, RuntimeError):
 def sidecar_path(pte: str | Path) -> Path:
     pte = Path(pte)
     return pte.with_name(pte.name + ".json")
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 PTE_PACKAGES = ("omni_ros", "torch", "executorch", "torchao")

@@ -53,15 +53,18 @@ class BridgeNode(Node):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from omni_ros.commands.common import add_precision_args, apply_precision_args
     from omni_ros.config import load_config
     from omni_ros.errors import OmniRosError
     from omni_ros.ros_env import run_node
 
     parser = argparse.ArgumentParser(prog="bridge_node", description="omni_ros OpenPI WebSocket bridge node")
     parser.add_argument("--config", help="omni_ros YAML config (its policy: and serve: sections are used)")
+    add_precision_args(parser)
     args, ros_args = parser.parse_known_args(argv)
     try:
         config = load_config(args.config)
+        apply_precision_args(config, args)
     except OmniRosError as exc:
         print(f"bridge_node: {exc}", file=sys.stderr)
         return 2

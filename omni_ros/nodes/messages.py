@@ -125,11 +125,12 @@ def policy_status(
     achieved_rate: float,
     dry_run: bool,
     counts: Mapping[str, int],
+    precision: str = "",
 ) -> PolicyStatus:
     msg = PolicyStatus()
     sec_to_stamp(stamp, msg.header.stamp)
     msg.state, msg.state_name, msg.detail = code, STATUS_NAMES[code], detail
-    msg.backend, msg.model = backend, model
+    msg.backend, msg.model, msg.precision = backend, model, precision
     msg.last_inference_time = float(last_inference_s)
     msg.control_rate = float(control_rate)
     msg.achieved_rate = float(achieved_rate)
@@ -149,6 +150,7 @@ def diagnostics(status: PolicyStatus, name: str) -> DiagnosticArray:
         for k, v in (
             ("state", status.state_name),
             ("model", status.model),
+            ("precision", status.precision),
             ("last_inference_s", f"{status.last_inference_time:.4f}"),
             ("achieved_rate_hz", f"{status.achieved_rate:.1f}"),
             ("dry_run", status.dry_run),

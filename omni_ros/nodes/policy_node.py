@@ -111,7 +111,8 @@ class PolicyNode(LifecycleNode):
         self._status_timer = self.create_timer(1.0 / cfg.status.rate_hz, self.publish_status)
         meta = self.policy.metadata
         self.get_logger().info(
-            f"configured: policy {meta.model} on {meta.backend}, cameras {list(meta.camera_names)}, joints {joints}, "
+            f"configured: policy {meta.model} on {meta.backend} ({meta.precision or 'fp32'}), "
+            f"cameras {list(meta.camera_names)}, joints {joints}, "
             f"{cfg.robot.control_rate_hz:g} Hz, dry_run={cfg.robot.dry_run}"
         )
         return TransitionCallbackReturn.SUCCESS
@@ -211,6 +212,7 @@ class PolicyNode(LifecycleNode):
             achieved_rate=health.achieved_rate,
             dry_run=self.config.robot.dry_run,
             counts=health.counts,
+            precision=policy.metadata.precision,
         )
         if self._status_pub is not None and self._diag_pub is not None:
             self._status_pub.publish(msg)
@@ -228,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
+    from omni_ros.commands.common import add_precision_args, apply_precision_args
     from omni_ros.config import ConfigError, load_config
     from omni_ros.ros_env import run_node
 
@@ -235,9 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="omni_ros YAML config")
     parser.add_argument("--sim", action="store_true", help="drive the simulated robot (dry_run off)")
     parser.add_argument("--no-activate", action="store_true", help="stay unconfigured for a lifecycle manager")
+    add_precision_args(parser)
     args, ros_args = parser.parse_known_args(argv)
     try:
         config: OmniConfig = load_config(args.config)
+        apply_precision_args(config, args)
     except ConfigError as exc:
         print(f"policy_node: config error: {exc}", file=sys.stderr)
         return 2

@@ -34,6 +34,8 @@ class PolicyMetadata:
     action_dt: float = 0.02
     # Shape of the explicit noise `infer` takes (action_horizon, model action dim); None: not accepted.
     noise_shape: tuple[int, int] | None = None
+    # What the GEMMs compute in and why, e.g. "int8 (onednn): avx512_vnni" (omni_ros/policy/precision).
+    precision: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

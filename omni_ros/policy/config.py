@@ -75,9 +75,22 @@ class PolicyConfig:
     # How torch's idle OpenMP workers wait: passive (sleep; steady on a shared CPU), active (spin), runtime
     # (the OpenMP default); null keeps $OMP_WAIT_POLICY, else passive. See omni_ros/cpu_threads.py.
     omp_wait_policy: Literal["passive", "active", "runtime"] | None = None
-    # backend torch on an x86 CPU in float32: packed runs the linear layers from weights reordered once for
-    # oneDNN (3-20% faster per GEMM than torch's default MKL path here, measured; omni_ros/policy/cpu_linear.py);
-    # dense keeps torch's nn.Linear (what exporting or training the runner's model needs).
+    # What the GEMMs compute in (omni_ros/policy/precision): auto picks, from the CPU's instructions, the fastest
+    # path whose accuracy is verified (bf16 on AMX CPUs, int8 where there is an int8 dot product (VNNI, Arm
+    # dotprod), fp32 otherwise); fp32, bf16 (bf16 GEMMs, float32 elsewhere: within 1% of fp32's actions) and int8
+    # (int8 weights per channel, activations per token: within 4%) force one. int8 / bf16 on a CPU without the
+    # instructions run (the same numbers, slowly) with a warning. For executorch / onnxruntime the program's own
+    # precision is used (auto) or checked; a remote server decides its own (auto only).
+    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    # The int8 GEMM kernel: auto (oneDNN on AMX CPUs, XNNPACK's on VNNI-without-AMX and Arm CPUs), onednn
+    # (torch's _int_mm) or xnnpack (ExecuTorch's XNNPACK delegate per linear, built on first load and cached).
+    int8_kernel: Literal["auto", "onednn", "xnnpack"] = "auto"
+    # Where kernels built on first load are kept, per checkpoint and CPU; null: $OMNI_ROS_CACHE_DIR, else
+    # ~/.cache/omni_ros. Relative to the config file.
+    cache_dir: str | None = None
+    # precision fp32 on an x86 CPU: packed runs the linear layers from weights reordered once for oneDNN (3-20%
+    # faster per GEMM than torch's default MKL path, measured; omni_ros/policy/cpu_linear.py); dense keeps
+    # torch's nn.Linear (what exporting or training the runner's model needs).
     cpu_linear: Literal["packed", "dense"] = "packed"
     # A tokenizer.json / tokenizer.model (or its folder) for a LeRobot or openpi checkpoint that ships none;
     # null: the checkpoint folder, then the local Hugging Face cache. Relative to the config file.
@@ -100,6 +113,17 @@ class PolicyConfig:
                 )
         if self.backend == "remote" and not self.remote.url:
             raise FieldError("remote.url", "is needed by backend 'remote' (e.g. ws://127.0.0.1:8000)")
+        if self.backend == "remote" and self.precision != "auto":
+            raise FieldError("precision", f"is the remote server's to choose; use auto, got {self.precision!r}")
+        if self.backend in ("executorch", "onnxruntime") and self.precision == "bf16":
+            raise FieldError("precision", f"bf16 has no kernels in an exported program ({self.backend}); use auto")
+        on_cuda = self.backend == "torch" and not self.device.startswith("cpu")
+        if on_cuda and self.precision in ("bf16", "int8"):
+            raise FieldError(
+                "precision", f"{self.precision} chooses CPU GEMM kernels; on {self.device} set dtype and precision auto"
+            )
+        if self.backend == "torch" and self.dtype == "bfloat16" and self.precision in ("fp32", "int8"):
+            raise FieldError("precision", f"{self.precision} needs dtype float32 (bfloat16 casts the whole model)")
         if self.num_steps is not None and self.num_steps < 1:
             raise FieldError("num_steps", f"must be >= 1 (or null for the model's own), got {self.num_steps}")
         if self.num_threads < 0:

@@ -23,8 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.policy.layouts.weights import release_mapped_pages
-
 logger = logging.getLogger("omni_ros.policy")
 
 
@@ -66,31 +64,21 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear`, in place; returns how many.
+    """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear`, in place; returns how many."""
+    from omni_ros.policy.precision import swap_linears
 
-    One layer at a time, its dense weight let go before the next is packed: holding the layers until the
-    end would hold every dense weight beside its packed copy (measured on the 3.2 B pi0: 1.87x the model).
-    """
-    names = [
-        name
-        for name, m in model.named_modules()
-        if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
-    ]
-    for name in names:
-        parent_name, _, leaf = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        dense = getattr(parent, leaf).weight.detach()
-        setattr(parent, leaf, PackedLinear(getattr(parent, leaf)))
-        release_mapped_pages(dense)
-        del dense
-    return len(names)
+    return swap_linears(model, lambda _name, linear: PackedLinear(linear))
 
 
 def weight_count(model: nn.Module) -> int:
-    """Parameters of `model`, the weights and biases of its packed linears included (they are not parameters)."""
-    packed = sum(
+    """Parameters of `model`, the weights and biases of its swapped linears included (they are not parameters:
+    packed, bf16 and int8 layers hold plain tensors)."""
+    from omni_ros.policy.precision.bf16_linear import Bf16Linear
+    from omni_ros.policy.precision.int8_linear import Int8Linear
+
+    swapped = sum(
         m.in_features * m.out_features + (0 if m.bias is None else m.bias.numel())
         for m in model.modules()
-        if isinstance(m, PackedLinear)
+        if isinstance(m, (PackedLinear, Bf16Linear, Int8Linear))
     )
-    return packed + sum(p.numel() for p in model.parameters())
+    return swapped + sum(p.numel() for p in model.parameters())

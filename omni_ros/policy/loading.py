@@ -15,8 +15,16 @@ from torch import nn
 from omni_ros.policy import families, layouts
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pipeline import InferencePipeline
+from omni_ros.policy.precision import choose
 from omni_ros.policy.tokenizer import Tokenizer
 from omni_ros.policy.torch_runner import TorchRunner, resolve_dtype
+
+
+def _default_precision(precision: str | None, dtype: str) -> str:
+    """The API's default: float32 GEMMs for a float32 model, the dtype's own for a bfloat16 one."""
+    if precision is not None:
+        return precision
+    return "auto" if dtype == "bfloat16" else "fp32"
 
 
 def load(
@@ -29,20 +37,29 @@ def load(
     num_steps: int | None = None,
     name: str | None = None,
     cpu_linear: str = "dense",
+    precision: str | None = None,
+    int8_kernel: str = "auto",
+    cache_dir: str | None = None,
 ) -> InferencePipeline:
     """The policy in checkpoint folder `path` (its layout detected), on the torch runner.
 
-    `cpu_linear="packed"` runs the linears from oneDNN-packed weights on an x86 CPU in float32 (faster; what
-    `policy.cpu_linear` gives the node, server and evaluator); the default keeps `runner.model` a plain
-    module, as code that exports or inspects it expects.
+    `precision` ("auto", "fp32", "bf16", "int8"; omni_ros/policy/precision; default fp32) swaps the model's
+    linear layers for that precision's kernels: "auto" picks the fastest this CPU runs accurately, as the node,
+    server and evaluator do. With "fp32", `cpu_linear="packed"` runs the linears from oneDNN-packed weights on an
+    x86 CPU (faster; `policy.cpu_linear`); the defaults keep `runner.model` plain modules, as code that exports,
+    trains or inspects it expects. `cache_dir`: where kernels built on first load are kept (kernel_cache.py).
     """
     checkpoint = layouts.read(path, tokenizer=tokenizer)
     family = families.get(checkpoint.family)
+    choice = choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
     model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
     processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
-    runner = TorchRunner(model, device, dtype, cpu_linear=cpu_linear)
+    label = name or Path(path).name
+    runner = TorchRunner(
+        model, device, dtype, cpu_linear=cpu_linear, precision=choice, cache_dir=cache_dir, label=label
+    )
     steps = num_steps or checkpoint.config.num_steps
-    return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or Path(path).name)
+    return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=label)
 
 
 def from_model(
@@ -57,15 +74,22 @@ def from_model(
     num_steps: int | None = None,
     name: str | None = None,
     cpu_linear: str = "dense",
+    precision: str | None = None,
+    int8_kernel: str = "auto",
+    cache_dir: str | None = None,
 ) -> InferencePipeline:
     """A policy around a model in memory (its `cfg` says the architecture), e.g. one being trained.
 
-    With `cpu_linear="packed"` the model's linears are replaced in place (see `load`): not for a model
-    that goes on training."""
+    With `cpu_linear="packed"` or a `precision` other than fp32 the model's linears are replaced in place (see
+    `load`): not for a model that goes on training."""
     cfg: Any = model.cfg
+    choice = choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
     processor = families.get(family).build_processor(cfg, norm_stats, tokenizer)
-    runner = TorchRunner(model, device, dtype, cpu_linear=cpu_linear)
-    return InferencePipeline(processor, runner, num_steps=num_steps or cfg.num_steps, seed=seed, name=name or cfg.name)
+    label = name or cfg.name
+    runner = TorchRunner(
+        model, device, dtype, cpu_linear=cpu_linear, precision=choice, cache_dir=cache_dir, label=label
+    )
+    return InferencePipeline(processor, runner, num_steps=num_steps or cfg.num_steps, seed=seed, name=label)
 
 
 def from_preset(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -121,6 +121,10 @@ class InferencePipeline(BasePolicy, Generic[InputsT]):
         self.seed = seed
         self.spec = processor.spec
         self.metadata = processor.metadata(name, runner.backend)
+        # What the runner's GEMMs compute in, and why ("int8: avx512_vnni"); a remote server says its own.
+        precision = getattr(runner, "precision", "") or self.metadata.precision
+        if precision != self.metadata.precision:
+            self.metadata = replace(self.metadata, precision=precision)
 
     # -- noise ---------------------------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from torch import nn
 from omni_ros.errors import OmniRosError
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import Sampled, StageClock
+from omni_ros.policy.precision import PrecisionChoice, apply_precision
 from omni_ros.policy.rtc import METHODS, RtcPlan, rtc_sample
 from omni_ros.policy.sampler import euler_sample
 
@@ -107,6 +108,9 @@ class TorchRunner:
         dtype: str = "float32",
         compact: bool = True,
         cpu_linear: str = "dense",
+        precision: PrecisionChoice | None = None,
+        cache_dir: str | None = None,
+        label: str = "model",
     ) -> None:
         if cpu_linear not in ("packed", "dense"):
             raise ValueError(f"cpu_linear: expected 'packed' or 'dense', got {cpu_linear!r}")
@@ -116,13 +120,11 @@ class TorchRunner:
         self.dtype = resolve_dtype(dtype)
         self.model = model.to(self.device, self.dtype).eval()
         self.backend = f"torch-{self.device.type}" + ("-bf16" if self.dtype == torch.bfloat16 else "")
-        # oneDNN-packed linears (omni_ros/policy/cpu_linear.py): float32 on an x86 CPU only, where measured.
-        self.packed_linears = 0
-        if cpu_linear == "packed" and self.device.type == "cpu" and self.dtype == torch.float32:
-            from omni_ros.policy.cpu_linear import pack_linears, packed_linear_available
-
-            if packed_linear_available():
-                self.packed_linears = pack_linears(self.model)
+        # The GEMM kernels (omni_ros/policy/precision): a transform of the built model's linears, from outside.
+        choice = precision or PrecisionChoice("fp32", "policy.precision fp32")
+        self.applied = apply_precision(self.model, choice, cpu_linear=cpu_linear, cache_dir=cache_dir, label=label)
+        self.precision = choice.describe()
+        self.packed_linears = self.applied.linears if choice.precision == "fp32" else 0
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -254,7 +254,7 @@ class PolicyReplica:
 
     @fused_app.get("/healthz")
     def healthz(self) -> PlainTextResponse:
-        return _healthz()
+        return PlainTextResponse(self.service.health_text())
 
     @fused_app.websocket("/")
     async def connect(self, websocket: WebSocket) -> None:

@@ -7,7 +7,7 @@ Wire protocol (what `openpi_client.WebsocketClientPolicy` expects):
      `server_timing` (`prev_total_ms` from the second request on);
   3. on error the server sends the reason as a text frame (the client raises
      RuntimeError with it) and closes the connection with code 1011;
-  4. `GET /healthz` answers 200 `OK`.
+  4. `GET /healthz` answers 200 `OK`, then the model, backend and precision a line each.
 
 Unlike openpi's reference server, inference runs on a thread pool, so the event
 loop keeps answering pings, /healthz and other clients during a slow inference;
@@ -152,7 +152,7 @@ class PolicyServer(PolicyService):
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?", 1)[0] == "/healthz":
-            return connection.respond(http.HTTPStatus.OK, "OK\n")
+            return connection.respond(http.HTTPStatus.OK, self.health_text())
         if not self.authorized(request.headers):
             logger.warning("rejected %s: missing or wrong API key", connection.remote_address)
             response = connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong API key\n")

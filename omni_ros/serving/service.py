@@ -156,6 +156,12 @@ class PolicyService:
         # Requests whose client left before the reply (their result was dropped).
         self.abandoned = 0
 
+    def health_text(self) -> str:
+        """The body of `GET /healthz`: "OK" first (what probes read), then the model and what its GEMMs run in."""
+        meta = self.metadata
+        lines = ["OK", *(f"{key}: {meta.get(key, '')}" for key in ("model", "backend", "precision"))]
+        return "\n".join(lines) + "\n"
+
     @property
     def batcher(self) -> Batcher | None:
         return self._batcher

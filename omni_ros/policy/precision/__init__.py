@@ -1,0 +1,150 @@
+"""`policy.precision`: the GEMMs of a built model in fp32, bf16 or int8, chosen from the CPU's instructions.
+
+    choice = choose("auto")                         # PrecisionChoice("int8", "avx512_vnni", kernel="xnnpack")
+    applied = apply_precision(model, choice)        # swaps the model's nn.Linear modules in place
+
+A precision is a transform applied to a built model from outside, one module per kernel, as
+`omni_ros/policy/cpu_linear.py` packs float32 weights: `Bf16Linear` (bf16_linear.py), `Int8Linear`
+(int8_linear.py, with XNNPACK's kernels attached by xnnpack_linears.py where they are the faster ones). No
+family's model code knows about it. See choice.py for what `auto` picks and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from omni_ros.policy.precision.choice import (
+    INT8_KERNELS,
+    PRECISIONS,
+    PrecisionChoice,
+    PrecisionError,
+    check_name,
+    choose,
+    int8_kernel_for,
+    program_choice,
+)
+
+__all__ = [
+    "INT8_KERNELS",
+    "PRECISIONS",
+    "AppliedPrecision",
+    "PrecisionChoice",
+    "PrecisionError",
+    "apply_precision",
+    "check_name",
+    "choose",
+    "int8_kernel_for",
+    "program_choice",
+    "swap_linears",
+]
+logger = logging.getLogger("omni_ros.policy")
+
+
+@dataclass(frozen=True)
+class AppliedPrecision:
+    """What `apply_precision` did: the choice, how many linears it replaced, and the kernel cache it used."""
+
+    choice: PrecisionChoice
+    linears: int
+    cache: Path | None = None
+
+
+# The layers between the model and the robot's numbers (state in, actions in and out, the flow time's MLP) stay
+# float32 whatever the precision: they are a sliver of the FLOPs, and the action projection's rounding lands on
+# the actions undamped (bf16 everywhere put SmolVLA's fixture 1.2% off float32, these kept float32 0.6%).
+ROBOT_SIDE = frozenset({"state_proj", "action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out"})
+
+
+def robot_side(name: str) -> bool:
+    return name.rpartition(".")[2] in ROBOT_SIDE
+
+
+def _float_cpu_linear(m: nn.Module) -> bool:
+    return type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+
+
+def swap_linears(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module]) -> int:
+    """Replace every float32 CPU `nn.Linear` of `model` by `make(name, linear)`, in place; returns how many.
+
+    One layer at a time, each dense weight let go before the next is made: holding them all to the end would
+    hold every dense weight beside its replacement (measured on the 3.2 B pi0: 1.87x the model).
+    """
+    from omni_ros.policy.layouts.weights import release_mapped_pages
+
+    names = [name for name, m in model.named_modules() if _float_cpu_linear(m)]
+    for name in names:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        linear = getattr(parent, leaf)
+        dense = linear.weight.detach()
+        setattr(parent, leaf, make(name, linear))
+        release_mapped_pages(dense)
+        del dense, linear
+    return len(names)
+
+
+def apply_precision(
+    model: nn.Module,
+    choice: PrecisionChoice,
+    *,
+    cpu_linear: str = "packed",
+    cache_dir: str | Path | None = None,
+    label: str = "model",
+    num_threads: int = 0,
+) -> AppliedPrecision:
+    """Swap the linears of a float32 CPU `model` for `choice`'s kernels, in place (the model is the runner's).
+
+    fp32 packs the weights for oneDNN when `cpu_linear` is "packed" (dense: nn.Linear as it is); where the
+    model is not float32 on the CPU (CUDA, `policy.dtype: bfloat16`) nothing is swapped.
+    """
+    if choice.precision == "fp32":
+        if cpu_linear != "packed":
+            return AppliedPrecision(choice, 0)
+        from omni_ros.policy.cpu_linear import pack_linears, packed_linear_available
+
+        return AppliedPrecision(choice, pack_linears(model) if packed_linear_available() else 0)
+    if not any(_float_cpu_linear(m) for m in model.modules()):
+        return AppliedPrecision(choice, 0)  # a bfloat16 or GPU model: its dtype is its precision
+    from omni_ros.policy.cpu_linear import PackedLinear, packed_linear_available
+
+    packed = cpu_linear == "packed" and packed_linear_available()
+
+    def float32(linear: nn.Linear) -> nn.Module:
+        return PackedLinear(linear) if packed else linear
+
+    if choice.precision == "bf16":
+        from omni_ros.policy.precision.bf16_linear import Bf16Linear
+
+        def make_bf16(name: str, linear: nn.Linear) -> nn.Module:
+            return float32(linear) if robot_side(name) else Bf16Linear(linear)
+
+        return AppliedPrecision(choice, swap_linears(model, make_bf16))
+    from omni_ros.policy.precision.int8_linear import Int8Linear
+
+    kept: dict[str, tuple[nn.Linear, Int8Linear]] = {}
+
+    def make(name: str, linear: nn.Linear) -> nn.Module:
+        if robot_side(name):
+            return float32(linear)
+        layer = Int8Linear(linear)
+        if choice.kernel == "xnnpack":
+            kept[name] = (linear, layer)  # the float weights are what the XNNPACK program is built from
+        return layer
+
+    count = swap_linears(model, make)
+    folder = None
+    if kept:
+        from omni_ros.cpu_features import detect
+        from omni_ros.policy.precision.kernel_cache import cache_root
+        from omni_ros.policy.precision.xnnpack_linears import attach_xnnpack
+
+        root = cache_root(str(cache_dir) if cache_dir else None)
+        threads = num_threads or torch.get_num_threads()
+        folder = attach_xnnpack(kept, cache_root=root, label=label, cpu=detect(), num_threads=threads)
+    return AppliedPrecision(choice, count, folder)

@@ -1,0 +1,52 @@
+"""bfloat16 GEMMs inside a float32 model: `Bf16Linear` replaces an `nn.Linear`.
+
+The input is rounded to bfloat16, multiplied by the bfloat16 weight with float32 accumulation (oneDNN from a
+weight packed once: AMX tiles or AVX512_BF16 dot products), and the result comes back as float32. Every other
+op of the model stays float32, which is what keeps the actions within 1% of float32's (the whole model in
+bfloat16 was 7-33% off on the LeRobot fixtures, see omni_ros/policy/precision/choice.py).
+
+On a CPU without native bf16 the same product is computed in float32 from the bfloat16-rounded operands: a
+product of two bfloat16 numbers is exact in float32, so the result is the one the bf16 instructions give (up
+to the order of the float32 sums), at float32 speed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni_ros.policy.cpu_linear import packed_linear_available
+
+
+class Bf16Linear(nn.Module):
+    """`nn.Linear` computing in bfloat16 with float32 accumulation; float32 in, float32 out."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().to(torch.bfloat16)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        # The hardware decides, not the (possibly overridden, cpu_features.FLAGS_ENV) flags: oneDNN's packed bf16
+        # GEMM needs the instructions.
+        self.packed = packed_linear_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        # oneDNN's blocked layout (read back with .to_dense() where autograd needs the plain weight).
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed else weight
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.weight.to_dense() if self.packed else self.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if torch.is_grad_enabled() and x.requires_grad:
+            # Guided RTC differentiates through a denoising step: the plain bf16 product has a gradient.
+            return F.linear(xb, self.dense_weight(), self.bias).to(x.dtype)
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(xb, self.weight, self.bias, "none", [], "").to(x.dtype)
+        # Emulated: exact bf16 x bf16 products summed in float32, the result rounded to bf16 as the kernel does.
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(xb.float(), self.weight.float(), bias).to(torch.bfloat16).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        packed = ", oneDNN packed" if self.packed else ", emulated"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{packed}"

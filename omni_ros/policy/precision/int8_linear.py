@@ -1,0 +1,101 @@
+"""int8 GEMMs inside a float32 model: `Int8Linear` replaces an `nn.Linear`.
+
+Weights are quantized once, symmetric per output channel (scale = max |w| / 127); activations at run time,
+symmetric per token (per row of the flattened input), so one outlier token does not flatten every other
+token's resolution (per tensor, the committed fixtures' actions were up to 3.3% off float32's, per token
+2.4%). The integer product accumulates in int32 and is scaled back to float32 with both scales.
+
+Two kernels run the product, chosen per CPU (omni_ros/policy/precision/choice.py `int8_kernel_for`):
+
+- `onednn`: torch's `_int_mm` (oneDNN: AMX_INT8 tiles or VNNI dot products; plain SIMD elsewhere, the same
+  integers at float speed);
+- `xnnpack`: ExecuTorch's XNNPACK delegate, one method per linear in a program built once per checkpoint and
+  CPU and cached (omni_ros/policy/precision/xnnpack_linears.py); where a call has more rows than the program
+  was planned for, the rows go through it in slices.
+
+Under autograd (guided real-time chunking differentiates through a denoising step) the layer is the float
+product of the input with the dequantized weight: integer GEMMs have no gradient, and the guidance only needs
+the direction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# A row (or weight channel) of zeros quantizes with this scale instead of 0/0.
+_TINY = 1e-12
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, in) float -> int8 weight (out, in) and float32 scales (out,), symmetric per output channel."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp_min(_TINY)
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, K) float32 -> int8 (M, K) and scales (M, 1), symmetric per row."""
+    scale = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1, keepdim=True).div_(127.0).clamp_min_(_TINY)
+    # |x / scale| <= 127 by construction: no clamp needed before the cast.
+    return torch.div(x, scale).round_().to(torch.int8), scale
+
+
+class Int8Linear(nn.Module):
+    """`nn.Linear` as an int8 GEMM (weights per channel, activations per token); float32 in and out."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        qweight, self.weight_scale = quantize_weight(linear.weight)
+        # (in, out) contiguous: the layout `_int_mm` reads without a copy.
+        self.qweight_t = qweight.t().contiguous()
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        # Set by the XNNPACK builder: an ExecuTorch method computing this layer, and the rows it was planned for.
+        self.program: Any = None
+        self.program_rows = 0
+        self.program_owner: Any = None  # the ExecuTorch program the method belongs to (kept alive with it)
+        self.program_lock: Any = None  # an ExecuTorch method is not reentrant
+        self.kernel = "onednn"
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The int8 weight (out, in); its `.device` is the layer's."""
+        return self.qweight_t.t()
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.qweight_t.t().float() * self.weight_scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return F.linear(x, self.dequantized_weight().to(x.dtype), None if self.bias is None else self.bias)
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.in_features).float()
+        out = self._xnnpack(rows) if self.program is not None else self._onednn(rows)
+        return out.reshape(*lead, self.out_features).to(x.dtype)
+
+    def _onednn(self, rows: torch.Tensor) -> torch.Tensor:
+        q, scale = quantize_rows(rows)
+        acc = torch._int_mm(q, self.qweight_t)
+        # Two passes over the output: int32 x row scale -> float32, then x channel scale (+ bias).
+        out = torch.mul(acc, scale)
+        if self.bias is None:
+            return out.mul_(self.weight_scale)
+        return torch.addcmul(self.bias, out, self.weight_scale)
+
+    def _xnnpack(self, rows: torch.Tensor) -> torch.Tensor:
+        step = self.program_rows
+        with self.program_lock:
+            if rows.shape[0] <= step:
+                return self.program.execute([rows.contiguous()])[0]
+            parts = [self.program.execute([rows[i : i + step].contiguous()])[0] for i in range(0, len(rows), step)]
+        return torch.cat(parts)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"kernel={self.kernel}"
+        )

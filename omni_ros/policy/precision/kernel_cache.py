@@ -1,0 +1,101 @@
+"""The per-checkpoint kernel cache: programs built on first load for this CPU, reused by every later load.
+
+    <cache_dir>/kernels/<label>-<weights hash>-<cpu hash>/manifest.json + programs
+
+The folder is named by what the programs depend on: the weights they were built from (a hash of the very
+tensors compiled in, so a retrained or edited checkpoint rebuilds), the CPU (its model and the instruction
+sets that choose kernels: a program built on one CPU is never used on another) and the versions of the tools
+that built them (in the manifest). A file whose sha256 no longer matches its manifest entry is rebuilt with a
+warning, never loaded: ExecuTorch's runtime can abort the process on a malformed program.
+
+`cache_root()`: `policy.cache_dir`, else $OMNI_ROS_CACHE_DIR, else $XDG_CACHE_HOME/omni_ros, else ~/.cache/omni_ros.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_ros.cpu_features import CpuFeatures
+from omni_ros.file_hash import file_sha256
+
+logger = logging.getLogger("omni_ros.policy")
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+def cache_root(configured: str | None = None) -> Path:
+    if configured:
+        return Path(configured).expanduser()
+    if os.environ.get("OMNI_ROS_CACHE_DIR"):
+        return Path(os.environ["OMNI_ROS_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "omni_ros"
+
+
+def tensors_hash(tensors: Iterable[tuple[str, torch.Tensor]], extra: dict[str, Any]) -> str:
+    """sha256 of named tensors (names, shapes, dtypes and bytes) and of `extra` (build settings)."""
+    digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode())
+    for name, tensor in tensors:
+        t = tensor.detach().contiguous().cpu()
+        digest.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def cpu_hash(cpu: CpuFeatures) -> str:
+    return hashlib.sha256(cpu.key().encode()).hexdigest()[:8]
+
+
+class CacheEntry:
+    """One cache folder: its files are valid only together with a manifest whose hashes they match."""
+
+    def __init__(self, root: Path, label: str, weights: str, cpu: CpuFeatures) -> None:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)[:40] or "model"
+        self.folder = root / "kernels" / f"{safe}-{weights[:16]}-{cpu_hash(cpu)}"
+        self.weights, self.cpu = weights, cpu
+
+    def load(self) -> dict[str, Any] | None:
+        """The manifest if every file it names is intact; None if absent; a corrupt one is removed, with a
+        warning, so that it is rebuilt."""
+        path = self.folder / MANIFEST
+        if not path.is_file():
+            return None
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+            if manifest.get("format") != FORMAT or manifest.get("weights") != self.weights:
+                raise ValueError("it was written for other weights or another format")
+            for name, digest in manifest["files"].items():
+                if file_sha256(self.folder / name) != digest:
+                    raise ValueError(f"{name} does not match its sha256")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("kernel cache %s is corrupt (%s): rebuilding it", self.folder, exc)
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return None
+        return manifest
+
+    def build(self, write: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+        """Run `write(tmp_folder)` (it writes the files, returns manifest fields), then move the folder into place
+        atomically with its manifest: a build cut short leaves nothing that looks complete."""
+        self.folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}.", dir=self.folder.parent))
+        try:
+            fields = write(tmp)
+            files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+            manifest = {"format": FORMAT, "weights": self.weights, "cpu": self.cpu.key(), "files": files, **fields}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+            shutil.rmtree(self.folder, ignore_errors=True)
+            os.replace(tmp, self.folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return manifest

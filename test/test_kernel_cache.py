@@ -1,0 +1,120 @@
+"""The per-checkpoint kernel cache of `int8_kernel: xnnpack`: built on the first load, reused by the next, rebuilt
+for other weights or another CPU, and a corrupt file is rebuilt with a warning, never loaded."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from omni_ros import cpu_features
+from omni_ros.cpu_features import CpuFeatures
+from omni_ros.policy.precision import PrecisionChoice, apply_precision, xnnpack_linears
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+VNNI = CpuFeatures("x86_64", "test xeon", frozenset({"avx2", "avx512f", "avx512_vnni"}))
+VNNI_BF16 = CpuFeatures("x86_64", "test xeon", frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}))
+# int8 per token against float32, on a random tiny model (it amplifies rounding more than a trained one).
+INT8_REL_L2 = 0.04
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Counts the XNNPACK programs written (each is a build)."""
+    calls = []
+    real = xnnpack_linears._write_program
+
+    def counted(linears, folder):
+        calls.append(folder)
+        return real(linears, folder)
+
+    monkeypatch.setattr(xnnpack_linears, "_write_program", counted)
+    monkeypatch.setattr(cpu_features, "detect", lambda: VNNI)
+    return calls
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+class _Two(torch.nn.Module):
+    """Two linears and glue between them: a model whose kernels build in seconds."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.up, self.down = torch.nn.Linear(64, 96), torch.nn.Linear(96, 48, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def _swapped(cache, seed=0):
+    model = _Two(seed)
+    x = torch.randn(300, 64, generator=torch.Generator().manual_seed(2))  # more rows than a method takes at once
+    with torch.no_grad():
+        reference = model(x)
+        applied = apply_precision(
+            model, PrecisionChoice("int8", "test", kernel="xnnpack"), cache_dir=cache, label="two"
+        )
+        out = model(x)
+    assert _rel(out.numpy(), reference.numpy()) < INT8_REL_L2
+    return applied.cache, out
+
+
+def test_other_weights_or_another_cpu_rebuild(tmp_path, builds, monkeypatch):
+    folder, out = _swapped(tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"linears.pte"} and manifest["cpu"] == VNNI.key() and len(manifest["methods"]) == 2
+    assert len(builds) == 1 and _swapped(tmp_path)[0] == folder and len(builds) == 1  # the second load reuses it
+    other, _ = _swapped(tmp_path, seed=1)  # other weights
+    assert len(builds) == 2 and other != folder
+    monkeypatch.setattr(cpu_features, "detect", lambda: VNNI_BF16)  # another CPU
+    moved, again = _swapped(tmp_path)
+    assert len(builds) == 3 and moved not in (folder, other)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+
+
+def test_a_corrupt_program_is_rebuilt_with_a_warning(tmp_path, builds, caplog):
+    folder, out = _swapped(tmp_path)
+    program = folder / "linears.pte"
+    data = bytearray(program.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    program.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="omni_ros.policy"):
+        rebuilt, again = _swapped(tmp_path)
+    assert len(builds) == 2 and rebuilt == folder
+    assert any(
+        "is corrupt (linears.pte does not match its sha256): rebuilding" in r.getMessage() for r in caplog.records
+    )
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+
+
+def test_a_build_cut_short_leaves_no_entry(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_features, "detect", lambda: VNNI)
+
+    def broken(linears, folder):
+        (folder / "linears.pte").write_bytes(b"half a program")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(xnnpack_linears, "_write_program", broken)
+    with pytest.raises(KeyboardInterrupt):
+        _swapped(tmp_path)
+    assert not [p for p in (tmp_path / "kernels").iterdir()]  # neither the entry nor its temporary folder
+
+
+def test_int8_layers_follow_gradients_for_guided_rtc():
+    """Guided real-time chunking differentiates through a denoising step: int8 and bf16 layers give gradients."""
+    from omni_ros.policy.precision.bf16_linear import Bf16Linear
+    from omni_ros.policy.precision.int8_linear import Int8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(32, 16)
+    x = torch.randn(4, 32, requires_grad=True)
+    (reference,) = torch.autograd.grad(linear(x).square().sum(), x)
+    for layer, tol in ((Int8Linear(linear), 0.04), (Bf16Linear(linear), 0.02)):
+        (grad,) = torch.autograd.grad(layer(x).square().sum(), x)
+        assert _rel(grad.numpy(), reference.numpy()) < tol, type(layer).__name__
