@@ -66,7 +66,11 @@ def features_of(meta_features: dict) -> dict:
 
 def lerobot_writes(frames: dict, features: dict, root: Path, joint_names: list[str]) -> None:
     """The raw frames through LeRobot's own writer."""
-    user = {k: dict(v) for k, v in features.items() if k not in ("timestamp", "frame_index", "episode_index", "index", "task_index")}
+    user = {
+        k: dict(v)
+        for k, v in features.items()
+        if k not in ("timestamp", "frame_index", "episode_index", "index", "task_index")
+    }
     for value in user.values():
         value["shape"] = tuple(value["shape"])
     ds = LeRobotDataset.create(REPO_ID, fps=FPS, root=root, features=user, use_videos=True)

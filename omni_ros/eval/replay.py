@@ -194,8 +194,11 @@ class Replayer:
         config: OmniConfig,
         policy: Policy | None,
         progress: Callable[[int], Progress] | None = None,
+        opener: Callable[[str], Any] | None = None,
     ) -> None:
+        """`opener(path)` opens each recording (default: a rosbag2 `Bag`; a dataset folder offers the same reads)."""
         self.config = config
+        self.opener = opener or Bag
         self.policy = policy
         self.topics = TopicMap.from_config(config)
         self.make_progress = progress
@@ -214,7 +217,7 @@ class Replayer:
         opened: list[tuple[Bag, dict[str, str]]] = []
         try:
             for path in paths:
-                bag = Bag(path)
+                bag = self.opener(path)
                 opened.append((bag, {}))
                 opened[-1] = (bag, self.topics.check(bag))
         except Exception:
