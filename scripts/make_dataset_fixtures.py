@@ -64,7 +64,7 @@ def features_of(meta_features: dict) -> dict:
     }
 
 
-def lerobot_writes(frames: dict, features: dict, root: Path, joint_names: list[str]) -> None:
+def lerobot_writes(frames: dict, features: dict, root: Path) -> None:
     """The raw frames through LeRobot's own writer."""
     user = {
         k: dict(v)
@@ -138,8 +138,7 @@ def main() -> None:
         state_ok = bool(np.array_equal(state, frames["state"])) and bool(np.array_equal(action, frames["action"]))
 
         # 3. LeRobot's own writer on the same raw frames: its stats are the reference.
-        joint_names = json.loads(str(frames["meta"]))["joint_names"]
-        lerobot_writes(frames, ds.meta.features, lerobot_root, joint_names)
+        lerobot_writes(frames, ds.meta.features, lerobot_root)
         theirs = json.loads((lerobot_root / "meta" / "stats.json").read_text())
         ours = json.loads((export / "meta" / "stats.json").read_text())
         diffs = max_diff(ours, theirs)

@@ -82,8 +82,10 @@ class VideoWriter:
         self.width, self.height = width, height
         self.frames = 0
         try:
-            self._container = av.open(str(path), "w")
-            self._stream = self._container.add_stream(settings.codec, fps, options=settings.codec_options())
+            # Typed loosely: PyAV's stubs give add_stream a union of video, audio and subtitle streams.
+            self._container: Any = av.open(str(path), "w")
+            stream: Any = self._container.add_stream(settings.codec, fps, options=settings.codec_options())
+            self._stream = stream
         except Exception as exc:
             raise VideoError(f"cannot open {settings.codec} encoder for {path}: {exc}") from exc
         self._stream.pix_fmt = settings.pix_fmt
@@ -127,7 +129,7 @@ def read_frames(path: Path, from_s: float, count: int, fps: float) -> Iterator[n
     except Exception as exc:
         raise VideoError(f"cannot open video {path}: {exc}") from exc
     with container:
-        stream = container.streams.video[0]
+        stream: Any = container.streams.video[0]
         container.seek(max(0, round(from_s / stream.time_base) - 1), backward=True, any_frame=False, stream=stream)
         k = 0
         for frame in container.decode(stream):

@@ -13,6 +13,7 @@ appended to a scratch file and the picked ones are read back when the episode en
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -223,10 +224,8 @@ class DatasetWriter:
             if cam.scratch is not None and not cam.scratch.closed:
                 cam.scratch.close()
             if cam.writer is not None:
-                try:
+                with contextlib.suppress(Exception):  # an encoder that already failed: the folder goes anyway
                     cam.writer.close()
-                except Exception:  # an encoder that already failed: the folder goes anyway
-                    pass
                 cam.writer = None
 
     def _video_path(self, cam: _Camera) -> Path:
