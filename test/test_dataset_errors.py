@@ -106,3 +106,15 @@ def test_a_dataset_of_another_version(tmp_path, capsys):
     argv = ["eval", "--dataset", str(old), "--config", str(CONFIG_DIR / "eval_sim.yaml"), "--out", str(tmp_path / "e")]
     assert main([*argv, "-q"]) == 2
     assert "v2.1" in capsys.readouterr().err
+
+
+def test_action_from_the_next_joint_state_when_the_config_says_so(tmp_path, config):
+    """eval.ground_truth.source: joint_states -> a frame's action is the first joint state after its stamp."""
+    bag = write_bag(tmp_path / "bag", [{}])
+    config.eval.ground_truth.source = "joint_states"
+    summary = export_dataset([str(bag)], config, tmp_path / "ds", progress=False)
+    data = DatasetFolder(tmp_path / "ds").data()
+    # Joint states come with every frame here, so frame i's action is frame i + 1's state; the last has no next one.
+    assert summary.frames == 29
+    assert summary.dropped == {"no joint state within 0.25 s after the frame (action source)": 1}
+    np.testing.assert_array_equal(data["action"][:-1], data["state"][1:])

@@ -23,6 +23,7 @@ def export(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         settings=VideoSettings(threads=args.threads),
         robot_type=args.robot_type,
+        repo_id=args.repo_id,
     )
     print(summary.text())
     sys.stdout.flush()
@@ -46,7 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_args(ex)
     ex.add_argument("--out", required=True, help="dataset folder to create (must be absent or empty)")
     ex.add_argument("--fps", type=int, default=30, help="frames per second of the dataset (default 30)")
-    ex.add_argument("--repo-id", default="", help="dataset name for LeRobot (only printed; LeRobot takes it on load)")
+    ex.add_argument(
+        "--repo-id",
+        default="",
+        help="the name to load it by in LeRobot (printed with the summary: LeRobot takes it at load time)",
+    )
     ex.add_argument("--robot-type", default=None, help="info.json robot_type (default: null)")
     ex.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
     ex.add_argument("--threads", type=int, default=None, help="video encoder threads per camera (default: codec's)")

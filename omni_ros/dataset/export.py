@@ -34,6 +34,7 @@ class ExportSummary:
     dropped: Counter = field(default_factory=Counter)
     skipped_episodes: list[str] = field(default_factory=list)
     tasks: int = 0
+    repo_id: str = ""
 
     def text(self) -> str:
         lines = [
@@ -46,6 +47,8 @@ class ExportSummary:
             lines += [f"  {n:6d}  {reason}" for reason, n in self.dropped.most_common()]
         else:
             lines.append("dropped 0 ticks")
+        repo = self.repo_id or f"local/{self.out.name}"
+        lines.append(f"load it with LeRobot: LeRobotDataset({repo!r}, root={str(self.out)!r})")
         return "\n".join(lines)
 
 
@@ -87,6 +90,7 @@ def export_dataset(
     progress: bool = True,
     settings: VideoSettings | None = None,
     robot_type: str | None = None,
+    repo_id: str = "",
 ) -> ExportSummary:
     """Export `bags` into the LeRobotDataset folder `out` (see the module docstring)."""
     if not bags:
@@ -106,7 +110,7 @@ def export_dataset(
         for bag, _ in opened:
             bag.close()
         raise
-    summary = ExportSummary(out, bag_bytes=sum(bag_size(b) for b in bags))
+    summary = ExportSummary(out, bag_bytes=sum(bag_size(b) for b in bags), repo_id=repo_id)
     tmp = prepare_out(out, overwrite)
     writer = DatasetWriter(tmp, fps, sampler.camera_names, sampler.topics.joint_names, settings, robot_type)
     total = sum(bag.message_count(types) for bag, types in opened)
