@@ -167,7 +167,8 @@ def test_eval_dataset_on_lerobots_own_dataset(tmp_path):
 
 def test_replay_of_the_export_equals_replay_of_the_bag(exported):
     """Every frame an instant, both ways: the same observations (states identical) give the same actions, up to what
-    the video codec changed in the pixels (max |diff| stated below, measured 0.01 rad)."""
+    the video codec changed in the pixels (measured with the demo policy: max |diff| 0.080 rad, mean of the per-chunk
+    maxima 0.025; bounds 0.15 and 0.05)."""
     bag, ds, _ = exported
     recorded = read_recorded_config(str(bag))
     assert recorded is not None
@@ -179,7 +180,7 @@ def test_replay_of_the_export_equals_replay_of_the_bag(exported):
     dconfig = dataset_config(config, DatasetFolder(ds))
     from_ds = evaluate([str(ds)], dconfig, policy=policy, progress=False, opener=opener(dconfig, None)).result
     assert len(from_bag.episodes) == len(from_ds.episodes) == EXPECTED["total_episodes"]
-    worst = 0.0
+    worst: list[float] = []
     for eb, ed in zip(from_bag.episodes, from_ds.episodes, strict=True):
         # The bag's first instant of an episode comes before the wrist camera's first frame (skipped there); the
         # export waited for it. After that, instant k of the bag is frame k + 1 of the dataset.
@@ -187,5 +188,5 @@ def test_replay_of_the_export_equals_replay_of_the_bag(exported):
         assert len(ed.predictions) == len(eb.predictions) + 1
         for pb, pd in zip(eb.predictions, ed.predictions[1:], strict=True):
             np.testing.assert_array_equal(pb.state, pd.state)
-            worst = max(worst, float(np.abs(pb.actions - pd.actions).max()))
-    assert worst < 0.1, worst
+            worst.append(float(np.abs(pb.actions - pd.actions).max()))
+    assert max(worst) < 0.15 and float(np.mean(worst)) < 0.05, (max(worst), float(np.mean(worst)))
