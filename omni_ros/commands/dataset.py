@@ -13,7 +13,7 @@ def export(args: argparse.Namespace) -> int:
     from omni_ros.dataset.export import export_dataset
     from omni_ros.dataset.video import VideoSettings
 
-    config = _config(args)
+    config = _config(args, "omni-ros dataset export")
     summary = export_dataset(
         args.bags,
         config,

@@ -9,7 +9,7 @@ from omni_ros.commands.common import add_config_args, config_from_args
 from omni_ros.typed_config import ConfigError
 
 
-def _config(args: argparse.Namespace):
+def _config(args: argparse.Namespace, command: str = "omni-ros eval"):
     """--config / --sim when given; else the config the bags were recorded with; else config/default.yaml.
 
     Episode markers the chosen config lacks come from the bag when it recorded some.
@@ -18,7 +18,7 @@ def _config(args: argparse.Namespace):
 
     recorded = recorded_config(args.bags)
     if recorded is not None and args.config is None and not args.sim:
-        print(f"omni-ros eval: using the {recorded.describe()}", file=sys.stderr)
+        print(f"{command}: using the {recorded.describe()}", file=sys.stderr)
         from omni_ros import cpu_threads
 
         cpu_threads.configure(recorded.config.policy)
@@ -27,7 +27,7 @@ def _config(args: argparse.Namespace):
     if recorded is not None and apply_recorded_markers(config, recorded):
         ev = config.eval
         print(
-            f"omni-ros eval: episode markers from {recorded.bag}: {ev.episode_marker_topic or '-'}, "
+            f"{command}: episode markers from {recorded.bag}: {ev.episode_marker_topic or '-'}, "
             f"gap {ev.episode_gap_s:g} s",
             file=sys.stderr,
         )

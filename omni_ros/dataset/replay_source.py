@@ -20,6 +20,7 @@ import numpy as np
 from omni_ros.config import OmniConfig
 from omni_ros.dataset import lerobot_format as fmt
 from omni_ros.dataset.reader import DatasetFolder
+from omni_ros.dataset.writer import DatasetError
 from omni_ros.eval.bag import IMAGE, JOINT_STATE, STRING, BagProblems
 from omni_ros.eval.config import EvalCamera
 from omni_ros.eval.errors import TopicError
@@ -68,6 +69,7 @@ class DatasetRecording:
         self, folder: DatasetFolder, episodes: Sequence[int] | None, joint_names: Sequence[str], trigger: str = ""
     ) -> None:
         self.folder = folder
+        self.name = str(folder.root)
         # The trigger camera's frame goes last, so an instant sees the frame's state and other cameras.
         self.cameras = [c for c in folder.cameras if c != trigger] + [c for c in folder.cameras if c == trigger]
         self.name = str(folder.root)
@@ -92,11 +94,19 @@ class DatasetRecording:
         self.problems = BagProblems()
         self.decoded = 0
 
-    @staticmethod
-    def _names(names: list[str], joint_names: Sequence[str], dims: int, key: str) -> list[str]:
+    def _names(self, names: list[str], joint_names: Sequence[str], dims: int, key: str) -> list[str]:
         if names:
+            missing = [j for j in joint_names if j not in names]
+            if missing:
+                raise DatasetError(
+                    f"dataset {self.name}: {key} names {names} lack robot.joint_names {missing}; evaluate with the "
+                    f"robot's config (--config)"
+                )
             return names
         # A dataset without joint names: its columns are taken to be robot.joint_names, in that order.
+        width = int(self.folder.features[key]["shape"][0])
+        if width != dims:
+            raise DatasetError(f"dataset {self.name}: {key} has {width} values but robot.joint_names lists {dims}")
         return list(joint_names)
 
     def __enter__(self) -> DatasetRecording:

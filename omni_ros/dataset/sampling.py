@@ -262,8 +262,10 @@ class EpisodeSampler:
                     tick = round((stamp - t0) / period)
                     if tick < next_tick or (candidate is not None and tick < candidate.tick):
                         continue  # a faster camera: a nearer frame already took this tick
-                    finalize(tick)
                     distance = abs(stamp - (t0 + tick * period))
+                    if distance > 0.5 * period - 1e-6:
+                        continue  # halfway between two ticks: near enough to neither (a faster camera's extra frame)
+                    finalize(tick)
                     if candidate is None or distance < abs(candidate.stamp - (t0 + tick * period)):
                         candidate = _Candidate(tick, stamp, t)
                 continue

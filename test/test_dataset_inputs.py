@@ -1,4 +1,5 @@
-"""Bad input to `omni-ros dataset export` / `eval --dataset`: one clear error each, nothing half-written left behind."""
+"""`omni-ros dataset export` on synthetic bags: resampling, the action source, and bad input (one clear error each,
+nothing half-written left behind); `eval --dataset` on a dataset of another version."""
 
 from __future__ import annotations
 
@@ -118,3 +119,27 @@ def test_action_from_the_next_joint_state_when_the_config_says_so(tmp_path, conf
     assert summary.frames == 29
     assert summary.dropped == {"no joint state within 0.25 s after the frame (action source)": 1}
     np.testing.assert_array_equal(data["action"][:-1], data["state"][1:])
+
+
+@pytest.mark.parametrize(("fps", "frames", "no_frame"), [(15, 15, 0), (60, 30, 29)])
+def test_resampling_on_the_trigger_camera(tmp_path, config, fps, frames, no_frame):
+    """A 30 Hz camera at --fps 15 gives every other frame; at --fps 60 every other tick has no frame (dropped)."""
+    bag = write_bag(tmp_path / "bag", [{}])
+    summary = export_dataset([str(bag)], config, tmp_path / "ds", fps=fps, progress=False)
+    assert summary.frames == frames
+    assert summary.dropped.get("no trigger-camera frame within half a period of the tick", 0) == no_frame
+    state = DatasetFolder(tmp_path / "ds").data()["state"]
+    recorded = 0.01 * np.arange(30)  # write_bag's joint positions at frame i
+    step = 2 if fps == 15 else 1
+    np.testing.assert_allclose(state[:, 0], recorded[::step][:frames], atol=1e-6)
+
+
+def test_eval_dataset_with_other_joint_names(tmp_path, config, capsys):
+    """A dataset whose state names lack the robot's joints: said in one line, before any replay."""
+    bag = write_bag(tmp_path / "bag", [{}])
+    export_dataset([str(bag)], config, tmp_path / "ds", progress=False)
+    argv = ["eval", "--dataset", str(tmp_path / "ds"), "--config", str(CONFIG_DIR / "default.yaml")]
+    assert main([*argv, "--out", str(tmp_path / "e"), "-q"]) == 2
+    err = capsys.readouterr().err
+    names = "['joint_1', 'joint_2', 'joint_3']"
+    assert f"observation.state names {names} lack robot.joint_names ['joint_4', 'joint_5'" in err
