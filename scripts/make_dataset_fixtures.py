@@ -136,6 +136,18 @@ def main() -> None:
             diff = np.abs(decoded[key].astype(np.int16) - raw[list(DECODED)].astype(np.int16))
             errors[key] = {"mean_abs": float(diff.mean()), "max_abs": int(diff.max())}
         state_ok = bool(np.array_equal(state, frames["state"])) and bool(np.array_equal(action, frames["action"]))
+        # Every frame decodes within LeRobot's 1e-4 s timestamp tolerance, also as training reads them (history and
+        # action chunks through delta_timestamps, across the episodes sharing one video file).
+        for i in range(len(ds)):
+            ds[i]
+        chunked = LeRobotDataset(
+            REPO_ID,
+            root=export,
+            download_videos=False,
+            delta_timestamps={cameras[0]: [-2 / FPS, 0.0], "action": [k / FPS for k in range(10)]},
+        )
+        for i in range(len(chunked)):
+            chunked[i]
 
         # 3. LeRobot's own writer on the same raw frames: its stats are the reference.
         lerobot_writes(frames, ds.meta.features, lerobot_root)
@@ -158,6 +170,7 @@ def main() -> None:
             "decoded_indices": list(DECODED),
             "decode_error_vs_raw": errors,
             "state_action_equal_raw": state_ok,
+            "every_frame_decodes": True,
             "lerobot_stats": theirs,
             "stats_max_abs_diff_ours_vs_lerobot": worst,
         }
