@@ -56,4 +56,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
     ex.add_argument("--threads", type=int, default=None, help="video encoder threads per camera (default: codec's)")
     ex.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    ex.set_defaults(func=export, sim=None, rate=None, every=None, prompt=None)
+    ex.set_defaults(func=export)
