@@ -88,6 +88,39 @@ def lerobot_writes(frames: dict, features: dict, root: Path) -> None:
     ds.finalize()
 
 
+def stats_case_inputs(length: int = 150, height: int = 240, width: int = 320) -> tuple[np.ndarray, np.ndarray]:
+    """An episode longer than 100 frames with frames >= 300 px wide (the sampling and striding branches of LeRobot's
+    image stats, which the sim fixture's 60-frame, 96x64 episodes do not reach), from formulas: no RNG to drift.
+    The same formulas are in test/test_dataset_export.py."""
+    i = np.arange(length)[:, None, None, None]
+    y = np.arange(height)[None, :, None, None]
+    x = np.arange(width)[None, None, :, None]
+    c = np.arange(3)[None, None, None, :]
+    images = ((i * 13 + y * 3 + x * 7 + c * 50 + (x * y) % 17) % 256).astype(np.uint8)
+    t = np.arange(length)[:, None]
+    vectors = (np.sin(0.1 * t * (np.arange(4)[None, :] + 1)) + 0.01 * np.arange(4)[None, :]).astype(np.float32)
+    return images, vectors
+
+
+def lerobot_stats_case(tmp: Path) -> dict:
+    """LeRobot's compute_episode_stats on stats_case_inputs (frames as the PNG files its writer would leave)."""
+    from lerobot.datasets.compute_stats import compute_episode_stats
+    from PIL import Image
+
+    images, vectors = stats_case_inputs()
+    paths = []
+    for k, image in enumerate(images):
+        path = tmp / f"frame-{k:06d}.png"
+        Image.fromarray(image).save(path)
+        paths.append(str(path))
+    features = {
+        "observation.images.cam": {"dtype": "video", "shape": list(images.shape[1:]), "names": None},
+        "observation.state": {"dtype": "float32", "shape": [vectors.shape[1]], "names": None},
+    }
+    stats = compute_episode_stats({"observation.images.cam": paths, "observation.state": vectors}, features)
+    return {k: {s: np.asarray(v).tolist() for s, v in f.items()} for k, f in stats.items()}
+
+
 def max_diff(ours: dict, theirs: dict) -> dict[str, float]:
     out = {}
     for key, stats in theirs.items():
@@ -154,6 +187,7 @@ def main() -> None:
         theirs = json.loads((lerobot_root / "meta" / "stats.json").read_text())
         ours = json.loads((export / "meta" / "stats.json").read_text())
         diffs = max_diff(ours, theirs)
+        (tmp / "stats_case").mkdir()
         worst = max(diffs.values())
 
         expected = {
@@ -172,6 +206,7 @@ def main() -> None:
             "state_action_equal_raw": state_ok,
             "every_frame_decodes": True,
             "lerobot_stats": theirs,
+            "stats_case": lerobot_stats_case(tmp / "stats_case"),
             "stats_max_abs_diff_ours_vs_lerobot": worst,
         }
         args.out.mkdir(parents=True, exist_ok=True)

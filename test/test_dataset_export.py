@@ -16,6 +16,7 @@ import torch
 
 from omni_ros.cli import main
 from omni_ros.config import load_config
+from omni_ros.dataset import stats as st
 from omni_ros.dataset.export import export_dataset
 from omni_ros.dataset.reader import DatasetFolder
 from omni_ros.dataset.replay_source import dataset_config, opener
@@ -75,6 +76,26 @@ def test_stats_equal_lerobots_own(exported):
     assert set(ours) == set(theirs)
     for key, stats in theirs.items():
         assert set(ours[key]) == set(stats), key
+        for stat, value in stats.items():
+            np.testing.assert_allclose(ours[key][stat], value, rtol=0, atol=1e-9, err_msg=f"{key}/{stat}")
+
+
+def test_stats_equal_lerobots_on_a_long_episode_of_large_frames():
+    """Over 100 frames (LeRobot samples ~100 for image stats) and 320 px wide (it strides by 2): LeRobot's
+    compute_episode_stats on the same formula-made inputs (scripts/make_dataset_fixtures.py), within 1e-9."""
+    length, height, width = 150, 240, 320
+    i = np.arange(length)[:, None, None, None]
+    y = np.arange(height)[None, :, None, None]
+    x = np.arange(width)[None, None, :, None]
+    c = np.arange(3)[None, None, None, :]
+    images = ((i * 13 + y * 3 + x * 7 + c * 50 + (x * y) % 17) % 256).astype(np.uint8)
+    t = np.arange(length)[:, None]
+    vectors = (np.sin(0.1 * t * (np.arange(4)[None, :] + 1)) + 0.01 * np.arange(4)[None, :]).astype(np.float32)
+    picked = [st.downsample(images[k]) for k in st.image_sample_indices(length)]
+    assert len(picked) == 100 and picked[0].shape == (120, 160, 3)
+    ours = {"observation.images.cam": st.image_stats(picked), "observation.state": st.vector_stats(vectors)}
+    for key, stats in EXPECTED["stats_case"].items():
+        assert set(stats) == set(ours[key])
         for stat, value in stats.items():
             np.testing.assert_allclose(ours[key][stat], value, rtol=0, atol=1e-9, err_msg=f"{key}/{stat}")
 
