@@ -25,7 +25,8 @@ NAMES = ["joint_1", "joint_2", "joint_3"]
 def write_bag(path: Path, episodes: list[dict]) -> Path:
     """Episodes of 1 s at 30 Hz (cameras, joint states, commands; the prompt first): config/eval_sim.yaml's topics.
 
-    Each dict may set `wrist: False` (no wrist frames) and `resize_at: i` (the base camera grows from frame i)."""
+    Each dict may set `wrist: False` (no wrist frames), `resize_at: i` (the base camera grows from frame i) and
+    `jpeg: True` (the base camera as CompressedImage)."""
     rng = np.random.default_rng(0)
     with BagWriter(path) as bag:
         for k, ep in enumerate(episodes):
@@ -37,7 +38,11 @@ def write_bag(path: Path, episodes: list[dict]) -> Path:
                 bag.joint_state("/joint_states", NAMES, q, t)
                 bag.trajectory("/arm_controller/joint_trajectory", NAMES, [q + 0.1], t)
                 width = 48 if i >= ep.get("resize_at", 10**9) else 32
-                bag.image("/camera/base/image_raw", rng.integers(0, 255, (24, width, 3), np.uint8), t, t + 1e-3)
+                base = rng.integers(0, 255, (24, width, 3), np.uint8)
+                if ep.get("jpeg"):
+                    bag.compressed("/camera/base/image_raw", base, t, t + 1e-3)
+                else:
+                    bag.image("/camera/base/image_raw", base, t, t + 1e-3)
                 if ep.get("wrist", True):
                     bag.image("/camera/wrist/image_raw", rng.integers(0, 255, (24, 32, 3), np.uint8), t, t + 1e-3)
     return path
@@ -52,12 +57,16 @@ def nothing_left(out: Path) -> bool:
     return not out.exists() and not list(out.parent.glob(f".{out.name}.partial-*"))
 
 
-def test_a_good_synthetic_bag_exports(tmp_path, config):
-    bag = write_bag(tmp_path / "bag", [{}, {}])
+@pytest.mark.parametrize("jpeg", [False, True])
+def test_a_good_synthetic_bag_exports(tmp_path, config, jpeg):
+    """Two episodes split by the prompt topic; the base camera raw or JPEG (CompressedImage)."""
+    bag = write_bag(tmp_path / "bag", [{"jpeg": jpeg}, {"jpeg": jpeg}])
     summary = export_dataset([str(bag)], config, tmp_path / "ds", progress=False)
     assert (summary.episodes, summary.frames) == (2, 60)
     assert sum(summary.dropped.values()) == 0
-    assert DatasetFolder(tmp_path / "ds").tasks == {0: "task 0", 1: "task 1"}
+    folder = DatasetFolder(tmp_path / "ds")
+    assert folder.tasks == {0: "task 0", 1: "task 1"}
+    assert [f.images["base"].shape for f in folder.frames(1)][:1] == [(24, 32, 3)]
 
 
 def test_a_bag_without_the_configured_topics(tmp_path, config):
