@@ -21,10 +21,12 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/python -m mypy
 
-# Reference outputs of the real LeRobot 0.6.1 (pi0, pi0.5, SmolVLA) for the checkpoint-loading tests. LeRobot lives
+# Reference outputs of the real LeRobot 0.6.1 (pi0, pi0.5, SmolVLA) for the checkpoint-loading tests, and what LeRobot
+# reads from `omni-ros dataset export` (plus a tiny dataset LeRobot wrote) for the dataset tests. LeRobot lives
 # in its own venv (Python 3.12, never the product venv); the fixtures are committed, so only regenerating needs it.
 LEROBOT_VENV ?= .venv-lerobot
 
 reference-fixtures:
 	LEROBOT_VENV=$(LEROBOT_VENV) bash scripts/lerobot_venv.sh
 	$(LEROBOT_VENV)/bin/python scripts/make_reference_fixtures.py --out test/fixtures/reference
+	$(LEROBOT_VENV)/bin/python scripts/make_dataset_fixtures.py --out test/fixtures/dataset

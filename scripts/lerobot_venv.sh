@@ -11,6 +11,7 @@ VENV="${LEROBOT_VENV:-.venv-lerobot}"
 if "$VENV/bin/python" - "$LEROBOT_VERSION" 2>/dev/null <<'PY'
 import sys
 import lerobot, transformers, tokenizers  # noqa: F401  (the extras pi / smolvla pull transformers)
+import datasets, av  # noqa: F401  (the dataset extra: LeRobotDataset's loader and its PyAV decoder)
 sys.exit(0 if lerobot.__version__ == sys.argv[1] else 1)
 PY
 then
@@ -31,8 +32,8 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 12))' 2>/dev/
     exit 1
 fi
 
-echo "creating $VENV with $PYTHON and installing lerobot[pi,smolvla]==$LEROBOT_VERSION (about 5 GB, a few minutes)"
+echo "creating $VENV with $PYTHON and installing lerobot[pi,smolvla,dataset]==$LEROBOT_VERSION (about 5 GB, a few minutes)"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet "lerobot[pi,smolvla]==$LEROBOT_VERSION"
+"$VENV/bin/python" -m pip install --quiet "lerobot[pi,smolvla,dataset]==$LEROBOT_VERSION"
 "$VENV/bin/python" -c "import lerobot; print('installed LeRobot', lerobot.__version__)"

@@ -9,7 +9,7 @@ from omni_ros.commands.common import add_config_args, config_from_args
 from omni_ros.typed_config import ConfigError
 
 
-def _config(args: argparse.Namespace):
+def _config(args: argparse.Namespace, command: str = "omni-ros eval"):
     """--config / --sim when given; else the config the bags were recorded with; else config/default.yaml.
 
     Episode markers the chosen config lacks come from the bag when it recorded some.
@@ -18,7 +18,7 @@ def _config(args: argparse.Namespace):
 
     recorded = recorded_config(args.bags)
     if recorded is not None and args.config is None and not args.sim:
-        print(f"omni-ros eval: using the {recorded.describe()}", file=sys.stderr)
+        print(f"{command}: using the {recorded.describe()}", file=sys.stderr)
         from omni_ros import cpu_threads
 
         cpu_threads.configure(recorded.config.policy)
@@ -27,14 +27,44 @@ def _config(args: argparse.Namespace):
     if recorded is not None and apply_recorded_markers(config, recorded):
         ev = config.eval
         print(
-            f"omni-ros eval: episode markers from {recorded.bag}: {ev.episode_marker_topic or '-'}, "
+            f"{command}: episode markers from {recorded.bag}: {ev.episode_marker_topic or '-'}, "
             f"gap {ev.episode_gap_s:g} s",
             file=sys.stderr,
         )
     return config
 
 
+def run_dataset(args: argparse.Namespace) -> int:
+    """`eval --dataset DIR`: a LeRobotDataset folder through the same offline evaluation, its `action` the truth."""
+    from omni_ros.dataset.reader import DatasetFolder
+    from omni_ros.dataset.replay_source import dataset_config, opener
+    from omni_ros.eval.evaluate import evaluate
+
+    if args.bags:
+        raise ConfigError("give bags or --dataset, not both")
+    if args.realtime or args.ray:
+        raise ConfigError("--dataset is evaluated offline (no --realtime / --ray)")
+    config = config_from_args(args)
+    if args.rate is not None:
+        config.eval.rate_hz = args.rate
+    if args.every is not None:
+        config.eval.every_k_frames = args.every
+    config = dataset_config(config, DatasetFolder(args.dataset))
+    if args.prompt is not None:
+        config.eval.prompt = args.prompt
+    evaluation = evaluate(
+        [args.dataset], config, out_dir=args.out, progress=not args.quiet, opener=opener(config, args.episodes)
+    )
+    print(evaluation.summary)
+    sys.stdout.flush()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.dataset is not None:
+        return run_dataset(args)
+    if not args.bags:
+        raise ConfigError("no bags given (or --dataset DIR)")
     config = _config(args)
     if args.rate is not None:
         config.eval.rate_hz = args.rate
@@ -76,7 +106,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "With --realtime the bag is instead played with its original timing to a running policy node over ROS, "
         "and what the node publishes is scored.",
     )
-    p.add_argument("bags", nargs="+", metavar="BAG", help="rosbag2 directory, .mcap or .db3 file")
+    p.add_argument("bags", nargs="*", metavar="BAG", help="rosbag2 directory, .mcap or .db3 file")
+    p.add_argument(
+        "--dataset",
+        metavar="DIR",
+        help="evaluate on a LeRobotDataset v3.0 folder instead of bags: its frames through the same feed, assembler "
+        "and policy, its `action` as the ground truth (cameras, state and task from the dataset; policy, robot and "
+        "control from --config)",
+    )
+    p.add_argument("--episodes", type=int, nargs="+", metavar="N", help="with --dataset: only these episode indices")
     add_config_args(p, policy=True)
     p.add_argument("--out", default="eval_out", help="output directory (default: eval_out)")
     p.add_argument("--rate", type=float, help="inference instants at this rate in Hz (overrides eval.rate_hz)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,15 +63,18 @@ def evaluate(
     out_dir: str | Path | None = None,
     policy: Policy | None = None,
     progress: bool = True,
+    opener: Callable[[str], Any] | None = None,
 ) -> Evaluation:
-    """Replay `bags` offline through the assembler and `policy` (default: the configured one) and score it."""
+    """Replay `bags` offline through the assembler and `policy` (default: the configured one) and score it.
+
+    `opener` opens each path (default: rosbag2; omni_ros.dataset.replay_source for LeRobot datasets)."""
     if not bags:
         raise EvalError("no bags given")
     if out_dir is not None:
         out_dir = _prepare_out(out_dir)
     if policy is None:
         policy = load_eval_policy(config)
-    replayer = Replayer(config, policy, progress=(lambda n: Progress(n)) if progress else None)
+    replayer = Replayer(config, policy, progress=(lambda n: Progress(n)) if progress else None, opener=opener)
     result = replayer.run(bags)
     if sum(e.scores.samples for e in result.episodes if e.scores is not None) == 0:
         raise NoSamplesError(no_samples_message(result, bags))

@@ -146,6 +146,10 @@ class GroundTruthCollector:
             return None
         return q
 
+    def samples(self) -> tuple[list[float], list[np.ndarray]]:
+        """The (time, positions) samples collected so far, in arrival order (plans of `all` excluded); not copies."""
+        return self._times, self._values
+
     def _append(self, t: float, q: np.ndarray) -> None:
         self._times.append(t)
         self._values.append(q)

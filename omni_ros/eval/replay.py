@@ -21,6 +21,7 @@ import numpy as np
 from omni_ros.assembler import ObservationAssembler, StaleInput
 from omni_ros.config import OmniConfig
 from omni_ros.eval.bag import COMPRESSED_IMAGE, IMAGE, JOINT_STATE, STRING, Bag, BagProblems
+from omni_ros.eval.episodes import EpisodeSplitter
 from omni_ros.eval.errors import EvalError, TopicError
 from omni_ros.eval.groundtruth import COMMAND_TYPES, GroundTruthCollector, Track
 from omni_ros.eval.metrics import Prediction, Scores, score_episode
@@ -193,8 +194,11 @@ class Replayer:
         config: OmniConfig,
         policy: Policy | None,
         progress: Callable[[int], Progress] | None = None,
+        opener: Callable[[str], Any] | None = None,
     ) -> None:
+        """`opener(path)` opens each recording (default: a rosbag2 `Bag`; a dataset folder offers the same reads)."""
         self.config = config
+        self.opener = opener or Bag
         self.policy = policy
         self.topics = TopicMap.from_config(config)
         self.make_progress = progress
@@ -213,7 +217,7 @@ class Replayer:
         opened: list[tuple[Bag, dict[str, str]]] = []
         try:
             for path in paths:
-                bag = Bag(path)
+                bag = self.opener(path)
                 opened.append((bag, {}))
                 opened[-1] = (bag, self.topics.check(bag))
         except Exception:
@@ -298,7 +302,7 @@ class Replayer:
         # Fixed-rate instants are episode start + n / rate (counted, so long bags do not drift).
         n_instant = 0
         next_instant = math.inf
-        last_t: float | None = None
+        splitter = EpisodeSplitter(tm.marker, ev.episode_gap_s)
         last_frame_t = -math.inf
         count = 0
         prompt: tuple[str, float] | None = None
@@ -359,12 +363,7 @@ class Replayer:
             if progress is not None and count % 16 == 0:
                 progress.update(16)
 
-            split = episode is None
-            if episode is not None and episode.messages:
-                marked = bool(tm.marker) and topic == tm.marker
-                silent = ev.episode_gap_s > 0 and last_t is not None and t - last_t > ev.episode_gap_s
-                split = marked or silent
-            if split:
+            if splitter.starts_episode(topic, t):
                 finish()
                 if episode is not None:
                     assembler = self._new_assembler(prompt)
@@ -375,7 +374,6 @@ class Replayer:
                 n_instant = 0
                 next_instant = t if rate > 0 else math.inf
             assert episode is not None  # the first message opened one
-            last_t = t
             # Fixed-rate instants due before this message see only what came before it.
             while next_instant < t - 1e-9:
                 instant(next_instant)
