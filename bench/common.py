@@ -3,6 +3,7 @@ stdout, and in --out when given)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -38,10 +39,19 @@ def cpu_facts() -> dict[str, Any]:
             facts["model"] = value.strip()
         elif key.strip() in ("flags", "Features"):
             flags = set(value.split())
-            wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+            wanted = (
+                "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
+                "amx_bf16", "amx_int8", "asimddp", "i8mm", "bf16",
+            )  # fmt: skip
             facts["extensions"] = [f for f in wanted if f in flags]
             break
     facts["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    try:  # what `policy.precision: auto` picks on this CPU, and why
+        from omni_ros.policy.precision import choose
+
+        facts["precision_auto"] = choose("auto").describe()
+    except ImportError:
+        pass
     return facts
 
 
@@ -121,3 +131,31 @@ def stop(executor: Any, node: Any, context: Any, procs: list) -> None:
         p.terminate()
     for p in procs:
         p.wait(timeout=30)
+
+
+def add_precision_args(parser: Any) -> None:
+    """`--precisions` (the eager rows besides fp32) and the workers' hidden `--precision`."""
+    parser.add_argument(
+        "--precisions",
+        nargs="*",
+        default=["bf16", "int8"],
+        help="eager rows at these policy.precision values besides fp32 (no export; default bf16 int8)",
+    )
+    parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+
+
+def ros_listener(name: str) -> tuple[Any, Any, Callable[[], float], Callable[[Any], float]]:
+    """A node on a context of its own: (context, node, now() in s, stamp(msg) in s)."""
+    import rclpy
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = rclpy.create_node(name, context=context)
+
+    def now() -> float:
+        return node.get_clock().now().nanoseconds * 1e-9
+
+    def stamp(msg: Any) -> float:
+        return msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+
+    return context, node, now, stamp

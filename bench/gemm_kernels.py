@@ -12,7 +12,14 @@ every GEMM kernel the product can use, each in its own fresh process:
 - `eager_packed`: oneDNN from a pre-packed weight, `policy.cpu_linear: packed` (the served default);
 - `eager_int8`: torch's dynamically quantized linear (the x86 engine's u8 x s8 FBGEMM kernels, which use
   VNNI where the CPU has it and AVX2 pairwise multiply-adds where it does not);
-- `xnnpack_fp32` / `xnnpack_int8`: the same module as an ExecuTorch XNNPACK .pte, fp32 and int8-dynamic.
+- `eager_bf16`: `policy.precision: bf16`'s layer (oneDNN bf16 from a packed weight where the CPU has
+  AVX512_BF16 / AMX, else the same numbers emulated in float32: the row then says `emulated`);
+- `eager_int8_onednn`: `policy.precision: int8`'s oneDNN layer as the product runs it on this CPU (int8 weights
+  per channel, activations quantized per token at run time, the quantization included in the time): `torch._int_mm`
+  where the CPU has an int8 dot product, else the same operands through a packed float32 GEMM (`emulated`);
+- `eager_int_mm`: the same layer forced onto `torch._int_mm` whatever the CPU (what it costs without VNNI);
+- `xnnpack_fp32` / `xnnpack_int8`: the same module as an ExecuTorch XNNPACK .pte, fp32 and int8-dynamic
+  (`policy.int8_kernel: xnnpack` runs these kernels one linear per call, plus ~11-17 us a call).
 
 No attention, norms or glue: `inference_gemm_ms` (one inference's GEMMs: vision and prefill once, the
 denoising step num_steps times) is a floor under that kernel's whole chunk, and `flop_weighted_speedup` (over
@@ -36,7 +43,7 @@ from typing import Any
 
 from common import cpu_facts, emit, median_ms
 
-EAGER = ("eager_dense", "eager_packed", "eager_int8")
+EAGER = ("eager_dense", "eager_packed", "eager_int8", "eager_bf16", "eager_int8_onednn", "eager_int_mm")
 PTE = {"xnnpack_fp32": "none", "xnnpack_int8": "int8-dynamic"}
 BASELINE = "eager_packed"  # what the node and the server run
 
@@ -156,6 +163,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     stage = stage_shapes(args.preset)[0][args.stage]
     model = build(stage["linears"])
     xs = model.example(stage["rows"])
+    emulated = False
     if args.pte is None:
         if args.kernel == "eager_packed":
             from omni_ros.policy.cpu_linear import pack_linears, packed_linear_available
@@ -163,6 +171,16 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             if not packed_linear_available():
                 return {"ms": None, "why": "no oneDNN packed linear in this torch build / CPU"}
             pack_linears(model)
+        elif args.kernel in ("eager_bf16", "eager_int8_onednn", "eager_int_mm"):
+            from omni_ros.policy.precision import PrecisionChoice, apply_precision, choose
+
+            precision = "bf16" if args.kernel == "eager_bf16" else "int8"
+            choice = choose(precision, int8_kernel="onednn")
+            if args.kernel == "eager_int_mm":
+                choice = PrecisionChoice("int8", "forced", kernel="onednn", native=True)
+            apply_precision(model, choice)
+            layer = model.layers[0]
+            emulated = (not layer.packed) if precision == "bf16" else layer.kernel == "emulated"
         elif args.kernel == "eager_int8":
             import warnings
 
@@ -172,7 +190,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
                 warnings.simplefilter("ignore")
                 model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
         with torch.inference_mode():
-            return {"ms": median_ms(lambda: model(*xs), args.runs)}
+            out = {"ms": median_ms(lambda: model(*xs), args.runs)}
+        return {**out, "emulated": True} if emulated else out
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
     from executorch.runtime import Runtime
 
@@ -253,9 +272,11 @@ def main() -> int:
             samples: dict[str, list[float]] = {k: [] for k in kernels}
             for _ in range(args.rounds):
                 for kernel in kernels:
-                    ms = run_worker(args, name, kernel, ptes[kernel])["ms"]
-                    if ms is not None:
-                        samples[kernel].append(ms)
+                    result = run_worker(args, name, kernel, ptes[kernel])
+                    if result["ms"] is not None:
+                        samples[kernel].append(result["ms"])
+                    if result.get("emulated"):
+                        report["emulated"] = sorted(set(report.get("emulated", [])) | {kernel})
             for kernel in kernels:
                 row[f"{kernel}_ms"] = round(statistics.median(samples[kernel]), 3) if samples[kernel] else None
                 row[f"{kernel}_rounds_ms"] = samples[kernel]

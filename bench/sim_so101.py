@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from common import emit, listen, median_ms, stop
+from common import emit, listen, median_ms, ros_listener, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "sim_so101.yaml"
@@ -72,7 +72,6 @@ def cpu_seconds(pid: int) -> float:
 
 
 def live(mode: str, seconds: float, warmup: float) -> dict:
-    import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
     from sensor_msgs.msg import Image, JointState
@@ -96,11 +95,7 @@ def live(mode: str, seconds: float, warmup: float) -> dict:
         else:
             cmds = [[*cli, "up", "--sim", "so101", "--config", str(path)]]
         procs = [subprocess.Popen(c, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in cmds]
-        context = rclpy.Context()
-        rclpy.init(context=context)
-        node = rclpy.create_node("bench_so101_listener", context=context)
-        now = lambda: node.get_clock().now().nanoseconds * 1e-9  # noqa: E731
-        stamp = lambda m: m.header.stamp.sec + m.header.stamp.nanosec * 1e-9  # noqa: E731
+        context, node, now, stamp = ros_listener("bench_so101_listener")
         commands: list[float] = []
         chunks: list[tuple[float, float]] = []
         states: list[float] = []

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from typing import Any
 T_PROCESS = time.perf_counter()
 
 import numpy as np  # noqa: E402
-from common import emit, timings_ms  # noqa: E402
+from common import add_precision_args, cpu_facts, emit, timings_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = "smolvla_full"  # what the LeRobot half writes into the work dir
@@ -150,7 +149,7 @@ def worker_eager(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work_dir)
     obs, noise, _ = inputs_of(work)
     t0 = time.perf_counter()
-    policy = load(work / FOLDER, cpu_linear=args.cpu_linear)
+    policy = load(work / FOLDER, cpu_linear=args.cpu_linear, precision=args.precision)
     loaded = time.perf_counter()
     first = policy.infer(obs, noise=noise)
     cold = {"load_s": round(loaded - t0, 2), "first_chunk_s": round(time.perf_counter() - loaded, 2)}
@@ -174,6 +173,7 @@ def worker_eager(args: argparse.Namespace) -> dict[str, Any]:
         result["profile_top_ops"] = profile(lambda: policy.infer(obs, noise=noise))
     result["peak_rss_mb"] = peak_rss_mb()
     result["actions"] = first["actions"].tolist()
+    result["precision"] = policy.metadata.precision
     return result
 
 
@@ -314,6 +314,7 @@ def main() -> int:
     parser.add_argument("--pte", help=argparse.SUPPRESS)
     parser.add_argument("--quantize", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-linear", default="packed", help=argparse.SUPPRESS)
+    add_precision_args(parser)
     parser.add_argument(
         "--no-export", action="store_true", help="LeRobot and eager only (no XNNPACK export or run; much shorter)"
     )
@@ -336,6 +337,13 @@ def main() -> int:
         "omni_ros_eager": run_worker("eager", args, **{"cpu-linear": "packed"}),
         "omni_ros_eager_dense": run_worker("eager", args, **{"cpu-linear": "dense"}),
     }
+    for precision in args.precisions:
+        results[f"omni_ros_eager_{precision}"] = run_worker("eager", args, precision=precision)
+    fp32_chunk = np.asarray(results["omni_ros_eager"]["actions"])
+    for precision in args.precisions:
+        chunk = np.asarray(results[f"omni_ros_eager_{precision}"]["actions"])
+        rel = float(np.linalg.norm(chunk - fp32_chunk) / np.linalg.norm(fp32_chunk))
+        results[f"omni_ros_eager_{precision}"]["rel_l2_vs_fp32"] = round(rel, 5)
     exports = {}
     recipes = [("xnnpack_fp32", "none")] + ([] if args.no_int8 else [("xnnpack_int8", "int8-dynamic")])
     recipes = [] if args.no_export else recipes
@@ -371,8 +379,7 @@ def main() -> int:
         "threads": args.threads,
         "runs": args.runs,
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
+            **cpu_facts(),
             "load_average_start": [round(x, 2) for x in load_start],
             "load_average_end": [round(x, 2) for x in os.getloadavg()],
         },
@@ -408,6 +415,16 @@ def main() -> int:
             ),
             "eager_peak_rss": eager["peak_rss_vs_fp32_weights"] <= TARGETS["peak_rss_vs_fp32_weights"],
             "gflops_share": achieved / peak["peak"] >= TARGETS["gflops_share"],
+            **{
+                f"eager_{p}_vs_lerobot": results[f"omni_ros_eager_{p}"]["vs_lerobot_latency"] <= budget
+                for p, budget in (("int8", 0.4), ("bf16", 0.6))
+                if f"omni_ros_eager_{p}" in results
+            },
+            **{
+                f"eager_{p}_rel_l2": results[f"omni_ros_eager_{p}"]["rel_l2_vs_fp32"] <= bound
+                for p, bound in (("int8", 0.04), ("bf16", 0.01))
+                if f"omni_ros_eager_{p}" in results
+            },
         },
     }
     emit(report, args.out)

@@ -1,6 +1,7 @@
 """omni_ros vs LeRobot on the very same pi0 weights, observation and noise, side by side in one run.
 
-    .venv/bin/python bench/vs_lerobot.py [--threads 1 2] [--runs 5] [--work-dir DIR] [--no-int8] [--out FILE]
+    .venv/bin/python bench/vs_lerobot.py [--threads 1 2] [--runs 5] [--work-dir DIR] [--no-int8]
+        [--precisions bf16 int8] [--lerobot-venv DIR] [--out FILE]
 
 The edge-size pi0 (2 cameras at 480x640 -> 224 px tiles, SigLIP 384 x 6, VLM 512 x 6, expert 256 x 6,
 horizon 50, 10 steps) is built with seeded random weights by LeRobot 0.6.1 itself and saved with its
@@ -9,9 +10,10 @@ makes: .venv-lerobot or $LEROBOT_VENV). For each thread count, one after the oth
 LeRobot's observation -> chunk (its pre-processor, `predict_action_chunk`, post-processor), omni_ros eager
 (`omni_ros.policy.load` on the same folder, with the linears oneDNN-packed as the node and server run them,
 `policy.cpu_linear: packed`, and with torch's plain nn.Linear, `dense`) and the same folder exported to
-ExecuTorch XNNPACK int8. Prints
-one JSON document: medians, per-stage times, ratios to LeRobot, the actions' agreement (same noise) and the
-targets (eager <= 0.8x LeRobot's time, int8 <= 0.4x).
+ExecuTorch XNNPACK int8, and eager again with each `policy.precision` of `--precisions` (bf16 GEMMs, int8 GEMMs:
+no export). Prints one JSON document: medians, per-stage times, ratios to LeRobot, the actions' agreement (same
+noise; the precisions' relative L2 distance from fp32's) and the targets (eager <= 0.8x LeRobot's time, int8
+<= 0.4x, bf16 <= 0.6x).
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from common import emit, median_ms
+from common import add_precision_args, cpu_facts, emit, median_ms
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "pi0_edge"
@@ -70,7 +71,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.worker == "eager":
         import omni_ros.policy
 
-        policy = omni_ros.policy.load(work / NAME, cpu_linear=args.cpu_linear)
+        policy = omni_ros.policy.load(
+            work / NAME, cpu_linear=args.cpu_linear, precision=args.precision, int8_kernel=args.int8_kernel
+        )
     else:
         from omni_ros.backends.executorch_runner import load_pte
 
@@ -90,6 +93,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         "stages_ms": {k: round(float(np.median([t[k] for t in timings])), 1) for k in timings[0] if k.endswith("_ms")},
         "actions": np.asarray(first["actions"]).tolist(),
         "peak_rss_mb": peak_rss_mb(),
+        "precision": policy.metadata.precision,
     }
     return result
 
@@ -112,6 +116,8 @@ def main() -> int:
     parser.add_argument("--worker", choices=["eager", "pte"], help=argparse.SUPPRESS)
     parser.add_argument("--pte", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-linear", default="packed", help=argparse.SUPPRESS)
+    add_precision_args(parser)
+    parser.add_argument("--int8-kernel", default="auto", help="policy.int8_kernel of the int8 row (default auto)")
     args = parser.parse_args()
     if args.worker:
         args.threads = args.threads[0]
@@ -127,7 +133,7 @@ def main() -> int:
     report: dict[str, Any] = {
         "benchmark": "vs_lerobot",
         "policy": "pi0 edge (2 x 480x640 cameras -> 224 px, SigLIP 384x6, VLM 512x6, expert 256x6, H 50, 10 steps)",
-        "machine": {"cpu": platform.processor() or platform.machine(), "load_average": os.getloadavg()},
+        "machine": cpu_facts(),
         "threads": {},
     }
     pte = work / f"{NAME}_int8.pte"
@@ -159,11 +165,22 @@ def main() -> int:
                 np.abs(np.asarray(eager["actions"][0]) - np.asarray(lerobot["actions_first_row"])).max()
             ),
         }
+        reference = np.asarray(eager["actions"])
+        for precision in args.precisions:
+            print(
+                f"[bench] {threads} thread(s): omni_ros eager, precision {precision} ...", file=sys.stderr, flush=True
+            )
+            cmd = [*own, "--worker", "eager", "--precision", precision, "--int8-kernel", args.int8_kernel]
+            quantized = run_json(cmd)
+            row[f"omni_{precision}"] = {k: v for k, v in quantized.items() if k != "actions"}
+            row[f"{precision}_over_lerobot"] = round(quantized["latency_ms"] / lerobot["latency_ms"], 3)
+            diff = np.asarray(quantized["actions"]) - reference
+            row[f"{precision}_rel_l2_vs_fp32"] = round(float(np.linalg.norm(diff) / np.linalg.norm(reference)), 5)
         if not args.no_int8:
             print(f"[bench] {threads} thread(s): omni_ros ExecuTorch int8 ...", file=sys.stderr, flush=True)
             int8 = run_json([*own, "--worker", "pte", "--pte", str(pte)])
-            row["omni_int8"] = {k: v for k, v in int8.items() if k != "actions"}
-            row["int8_over_lerobot"] = round(int8["latency_ms"] / lerobot["latency_ms"], 3)
+            row["omni_pte_int8"] = {k: v for k, v in int8.items() if k != "actions"}
+            row["pte_int8_over_lerobot"] = round(int8["latency_ms"] / lerobot["latency_ms"], 3)
             row["int8_max_abs_vs_eager"] = float(
                 np.abs(np.asarray(int8["actions"]) - np.asarray(eager["actions"])).max()
             )
@@ -171,13 +188,18 @@ def main() -> int:
     report["targets"] = {
         f"eager_at_most_0.8x_lerobot_{t}_threads": r["eager_over_lerobot"] <= 0.8 for t, r in report["threads"].items()
     }
-    if not args.no_int8:
-        report["targets"].update(
-            {
-                f"int8_at_most_0.4x_lerobot_{t}_threads": r["int8_over_lerobot"] <= 0.4
-                for t, r in report["threads"].items()
-            }
-        )
+    budgets = {"int8": (0.4, 0.04), "bf16": (0.6, 0.01)}  # the issue's time ratio and relative L2 bounds
+    for t, r in report["threads"].items():
+        for precision, (ratio, rel) in budgets.items():
+            if f"{precision}_over_lerobot" in r:
+                report["targets"][f"{precision}_at_most_{ratio}x_lerobot_{t}_threads"] = (
+                    r[f"{precision}_over_lerobot"] <= ratio
+                )
+                report["targets"][f"{precision}_within_{rel}_rel_l2_{t}_threads"] = (
+                    r[f"{precision}_rel_l2_vs_fp32"] <= rel
+                )
+        if "pte_int8_over_lerobot" in r:
+            report["targets"][f"pte_int8_at_most_0.4x_lerobot_{t}_threads"] = r["pte_int8_over_lerobot"] <= 0.4
     report["machine"]["load_average_after"] = os.getloadavg()
     emit(report, args.out)
     return 0

@@ -118,3 +118,18 @@ def test_int8_layers_follow_gradients_for_guided_rtc():
     for layer, tol in ((Int8Linear(linear), 0.04), (Bf16Linear(linear), 0.02)):
         (grad,) = torch.autograd.grad(layer(x).square().sum(), x)
         assert _rel(grad.numpy(), reference.numpy()) < tol, type(layer).__name__
+
+
+def test_emulated_int8_is_the_int8_product():
+    """Without an int8 dot product the same int8 operands go through a float32 GEMM: the integer kernel's result
+    up to float32 rounding of the sums."""
+    from omni_ros.policy.precision.int8_linear import Int8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 96)
+    x = torch.randn(3, 7, 256)
+    with torch.no_grad():
+        integer, emulated = Int8Linear(linear)(x), Int8Linear(linear, emulate=True)(x)
+    assert Int8Linear(linear, emulate=True).kernel == "emulated"
+    torch.testing.assert_close(emulated, integer, rtol=1e-5, atol=1e-5)
+    assert 1e-4 < _rel(integer.numpy(), linear(x).detach().numpy()) < INT8_REL_L2  # int8, not float32 again

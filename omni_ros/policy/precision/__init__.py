@@ -132,7 +132,8 @@ def apply_precision(
     def make(name: str, linear: nn.Linear) -> nn.Module:
         if robot_side(name):
             return float32(linear)
-        layer = Int8Linear(linear)
+        # oneDNN's int8 GEMM without an int8 dot product: the same operands through a float32 GEMM.
+        layer = Int8Linear(linear, emulate=choice.kernel == "onednn" and not choice.native)
         if choice.kernel == "xnnpack":
             kept[name] = (linear, layer)  # the float weights are what the XNNPACK program is built from
         return layer

@@ -5,9 +5,10 @@ weight packed once: AMX tiles or AVX512_BF16 dot products), and the result comes
 op of the model stays float32, which is what keeps the actions within 1% of float32's (the whole model in
 bfloat16 was 7-33% off on the LeRobot fixtures, see omni_ros/policy/precision/choice.py).
 
-On a CPU without native bf16 the same product is computed in float32 from the bfloat16-rounded operands: a
-product of two bfloat16 numbers is exact in float32, so the result is the one the bf16 instructions give (up
-to the order of the float32 sums), at float32 speed.
+On a CPU without native bf16 the same product is computed by float32 GEMMs from the bfloat16-rounded operands
+(the rounded weight kept in float32, packed for oneDNN): a product of two bfloat16 numbers is exact in float32,
+so the result is the one the bf16 instructions give (up to the order of the float32 sums), at float32 speed.
+(torch's own bf16 GEMM without the instructions ran 2x slower than float32 here.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.policy.cpu_linear import packed_linear_available
+from omni_ros.policy.cpu_linear import PackedLinear, packed_linear_available
 
 
 class Bf16Linear(nn.Module):
@@ -32,6 +33,14 @@ class Bf16Linear(nn.Module):
         self.packed = packed_linear_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         # oneDNN's blocked layout (read back with .to_dense() where autograd needs the plain weight).
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed else weight
+        self.emulated: nn.Module | None = None
+        if not self.packed:
+            rounded = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+            with torch.no_grad():
+                rounded.weight.copy_(weight.float())
+                if self.bias is not None:
+                    rounded.bias.copy_(self.bias.float())
+            self.emulated = PackedLinear(rounded) if packed_linear_available() else rounded
 
     def dense_weight(self) -> torch.Tensor:
         return self.weight.to_dense() if self.packed else self.weight
@@ -44,8 +53,8 @@ class Bf16Linear(nn.Module):
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(xb, self.weight, self.bias, "none", [], "").to(x.dtype)
         # Emulated: exact bf16 x bf16 products summed in float32, the result rounded to bf16 as the kernel does.
-        bias = None if self.bias is None else self.bias.float()
-        return F.linear(xb.float(), self.weight.float(), bias).to(torch.bfloat16).to(x.dtype)
+        assert self.emulated is not None
+        return self.emulated(xb.float()).to(torch.bfloat16).to(x.dtype)
 
     def extra_repr(self) -> str:
         packed = ", oneDNN packed" if self.packed else ", emulated"

@@ -7,8 +7,11 @@ token's resolution (per tensor, the committed fixtures' actions were up to 3.3% 
 
 Two kernels run the product, chosen per CPU (omni_ros/policy/precision/choice.py `int8_kernel_for`):
 
-- `onednn`: torch's `_int_mm` (oneDNN: AMX_INT8 tiles or VNNI dot products; plain SIMD elsewhere, the same
-  integers at float speed);
+- `onednn`: torch's `_int_mm` (oneDNN: AMX_INT8 tiles or VNNI dot products). On a CPU without an int8 dot
+  product `_int_mm` has no fast path (45x slower than float32 at pi0 edge's vision shapes on an AVX2 EPYC,
+  bench/gemm_kernels.py), so there (`emulate=True`) the same quantized operands go through a float32 GEMM:
+  the dequantized activations times the dequantized weight, packed for oneDNN, which is the int8 product
+  scaled back up to float32 rounding of the sums;
 - `xnnpack`: ExecuTorch's XNNPACK delegate, one method per linear in a program built once per checkpoint and
   CPU and cached (omni_ros/policy/precision/xnnpack_linears.py); where a call has more rows than the program
   was planned for, the rows go through it in slices.
@@ -47,7 +50,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear(nn.Module):
     """`nn.Linear` as an int8 GEMM (weights per channel, activations per token); float32 in and out."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, emulate: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         qweight, self.weight_scale = quantize_weight(linear.weight)
@@ -60,6 +63,17 @@ class Int8Linear(nn.Module):
         self.program_owner: Any = None  # the ExecuTorch program the method belongs to (kept alive with it)
         self.program_lock: Any = None  # an ExecuTorch method is not reentrant
         self.kernel = "onednn"
+        self.emulated: nn.Module | None = None
+        if emulate:
+            from omni_ros.policy.cpu_linear import PackedLinear, packed_linear_available
+
+            dequantized = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+            with torch.no_grad():
+                dequantized.weight.copy_(self.dequantized_weight())
+                if self.bias is not None:
+                    dequantized.bias.copy_(self.bias)
+            self.emulated = PackedLinear(dequantized) if packed_linear_available() else dequantized
+            self.kernel = "emulated"
 
     @property
     def weight(self) -> torch.Tensor:
@@ -74,7 +88,13 @@ class Int8Linear(nn.Module):
             return F.linear(x, self.dequantized_weight().to(x.dtype), None if self.bias is None else self.bias)
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features).float()
-        out = self._xnnpack(rows) if self.program is not None else self._onednn(rows)
+        if self.program is not None:
+            out = self._xnnpack(rows)
+        elif self.emulated is not None:
+            q, scale = quantize_rows(rows)
+            out = self.emulated(q.float().mul_(scale))
+        else:
+            out = self._onednn(rows)
         return out.reshape(*lead, self.out_features).to(x.dtype)
 
     def _onednn(self, rows: torch.Tensor) -> torch.Tensor:

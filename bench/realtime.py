@@ -1,0 +1,225 @@
+"""Does a policy run in real time on this CPU? Chunk inference time against the chunk's execution time, per
+precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with the executor watched for starving.
+
+    .venv/bin/python bench/realtime.py [--checkpoint DIR] [--precisions fp32 bf16 int8] [--threads 1 2]
+        [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--skip-live]
+        [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
+
+Without `--checkpoint`, the full-size SmolVLA of bench/smolvla.py (LeRobot 0.6.1's default config over
+SmolVLM2-500M dimensions, random weights, built and saved by LeRobot itself: scripts/lerobot_bench.py in the
+LeRobot venv) is made in the work dir once and used.
+
+Offline, each contender in a fresh process, one after the other: `chunk_ms` (observation -> chunk, median of
+--runs after a warm-up) against `execution_ms` (the chunk's n_action_steps / --fps): `realtime` when the chunk is
+computed faster than the previous one is executed, the least a robot needs not to stop between chunks.
+
+Live (`--live-seconds`, 0 or --skip-live to skip): `omni-ros node sim` (the SO-101 in MuJoCo, config/sim_so101.yaml)
+and `omni-ros node policy` on the checkpoint, one process each, sharing this machine's cores, threads as
+`policy.num_threads: 0` (auto) sets them, `control.blending: rtc`, `--live-precision`. Listened to over DDS
+(loopback, its own domain): commands per second, the longest interval between two commands, and from the
+ActionChunk messages (stamp, horizon, dt) when the executor ran out of actions: `starvations` (times a chunk's
+last action passed before the next chunk arrived) and the seconds spent holding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from common import cpu_facts, emit, listen, median_ms, ros_listener, stop
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDER = "smolvla_full"  # what scripts/lerobot_bench.py --policy smolvla writes
+SIM_CONFIG = ROOT / "config" / "sim_so101.yaml"
+
+
+def log(msg: str) -> None:
+    print(f"[realtime] {msg}", file=sys.stderr, flush=True)
+
+
+def observation(meta: Any, seed: int = 0) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    images = {c: rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for c in meta.camera_names}
+    return {"images": images, "state": rng.normal(size=meta.state_dim).astype(np.float32), "prompt": "pick up the cube"}
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import omni_ros.policy
+
+    start = time.perf_counter()
+    policy = omni_ros.policy.load(args.checkpoint, precision=args.precision, cpu_linear="packed")
+    load_s = time.perf_counter() - start
+    obs = observation(policy.metadata)
+    timings: list[dict[str, float]] = []
+    chunk_ms = median_ms(lambda: timings.append(policy.infer(obs)["policy_timing"]), args.runs, warmup=1)
+    stages = {k: round(float(np.median([t[k] for t in timings])), 1) for k in timings[0] if k.endswith("_ms")}
+    return {
+        "precision": policy.metadata.precision,
+        "load_s": round(load_s, 1),
+        "chunk_ms": round(chunk_ms, 1),
+        "stages_ms": stages,
+        "n_action_steps": policy.metadata.action_horizon,
+    }
+
+
+def run_worker(args: argparse.Namespace, precision: str, threads: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--worker", "--checkpoint", str(args.checkpoint), "--precision", precision]
+    cmd += ["--threads", str(threads), "--runs", str(args.runs)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {precision} x {threads} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def starvation(chunks: list[tuple[float, float, float]]) -> dict[str, Any]:
+    """From (stamp, arrival, covered seconds) per chunk: how often and how long the newest chunk had run out."""
+    events, held = 0, 0.0
+    ordered = sorted(chunks, key=lambda c: c[1])
+    newest_end = None
+    for stamp, arrival, covered in ordered:
+        if newest_end is not None and arrival > newest_end:
+            events += 1
+            held += arrival - newest_end
+        end = stamp + covered
+        newest_end = end if newest_end is None else max(newest_end, end)
+    return {"starvations": events, "held_s": round(held, 2)}
+
+
+def live(args: argparse.Namespace) -> dict[str, Any]:
+    from rclpy.executors import SingleThreadedExecutor
+    from trajectory_msgs.msg import JointTrajectory
+
+    from omni_ros.config import load_config
+    from omni_ros.msg import ActionChunk, PolicyStatus
+
+    data = yaml.safe_load(SIM_CONFIG.read_text())
+    meta_cameras = json.loads((Path(args.checkpoint) / "config.json").read_text()).get("input_features", {})
+    cameras = [k.removeprefix("observation.images.") for k in meta_cameras if k.startswith("observation.images.")]
+    sim_cameras = data["sim"]["cameras"]
+    data["policy"] = {"checkpoint": str(Path(args.checkpoint).resolve()), "num_threads": 0}
+    data["policy"]["precision"] = args.live_precision
+    data["control"] = {**data.get("control", {}), "blending": "rtc"}
+    # The checkpoint's cameras on the simulator's, in order (a LeRobot folder names its own).
+    data.setdefault("topics", {})["cameras"] = [
+        {"name": c, "topic": f"/camera/{s}/image_raw"} for c, s in zip(cameras, sim_cameras, strict=False)
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "realtime_so101.yaml"
+        path.write_text(yaml.safe_dump(data))
+        config = load_config(path)  # checked here, before anything starts
+        cli = [sys.executable, "-m", "omni_ros.cli"]
+        cmds = [[*cli, "node", "sim", "--config", str(path)], [*cli, "node", "policy", "--config", str(path), "--sim"]]
+        logs = [open(Path(tmp) / f"{i}.log", "w") for i in range(2)]  # noqa: SIM115 (closed below)
+        procs = [
+            subprocess.Popen(c, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT) for c, f in zip(cmds, logs, strict=True)
+        ]
+        context, node, now, stamp = ros_listener("bench_realtime_listener")
+        commands: list[float] = []
+        chunks: list[tuple[float, float, float]] = []
+        latencies: list[float] = []
+        statuses: list[PolicyStatus] = []
+
+        def on_chunk(m: ActionChunk) -> None:
+            chunks.append((stamp(m), now(), m.horizon * float(m.dt)))
+            latencies.append(float(m.inference_time))
+
+        node.create_subscription(JointTrajectory, config.control.command_topic, lambda m: commands.append(now()), 200)
+        node.create_subscription(ActionChunk, "/omni_ros/action_chunk", on_chunk, 50)
+        node.create_subscription(PolicyStatus, config.status.topic, statuses.append, 10)
+        executor = SingleThreadedExecutor(context=context)
+        executor.add_node(node)
+        try:
+            log(f"live: waiting for the first command (loading {args.checkpoint}), then {args.live_seconds:g} s")
+            listen(executor, lambda: len(chunks) >= 2, [commands, chunks, latencies], 5.0, args.live_seconds)
+        finally:
+            stop(executor, node, context, procs)
+            for f in logs:
+                f.close()
+        tail = [(Path(tmp) / f"{i}.log").read_text()[-1500:] for i in range(2)]
+    intervals = np.diff(commands) if len(commands) > 1 else np.array([args.live_seconds])
+    return {
+        "seconds": args.live_seconds,
+        "precision": statuses[-1].precision if statuses else None,
+        "commands_per_s": round(len(commands) / args.live_seconds, 2),
+        "control_rate_hz": config.robot.control_rate_hz,
+        "longest_command_gap_s": round(float(intervals.max()), 3),
+        "chunks": len(chunks),
+        "chunk_inference_ms_p50": round(1e3 * float(np.median(latencies)), 1) if latencies else None,
+        **starvation(chunks),
+        "log_tail": None if commands else tail,
+    }
+
+
+def ensure_checkpoint(args: argparse.Namespace) -> Path:
+    work = Path(args.work_dir)
+    folder = work / FOLDER
+    if not (folder / "config.json").is_file():
+        log(f"building the full-size SmolVLA with LeRobot in {folder} (once) ...")
+        script = ROOT / "scripts" / "lerobot_bench.py"
+        cmd = [args.lerobot_python, str(script), "--policy", "smolvla", "--out", str(work), "--runs", "1"]
+        subprocess.run(cmd, check=True)
+    return folder
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", help="a checkpoint folder (default: LeRobot's full-size SmolVLA, built once)")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--fps", type=float, default=30.0, help="control rate the chunk's actions execute at")
+    parser.add_argument("--live-seconds", type=float, default=120.0)
+    parser.add_argument("--live-precision", default="auto", help="policy.precision of the live run (default auto)")
+    parser.add_argument("--skip-live", action="store_true")
+    parser.add_argument("--lerobot-python", default=str(Path(os.environ.get("LEROBOT_VENV", "/work/venv-lerobot"))
+                        / "bin" / "python"))  # fmt: skip
+    parser.add_argument("--work-dir", default="/tmp/omni_realtime")
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--precision", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.threads = args.threads[0]
+        print(json.dumps(worker(args)))
+        return 0
+    args.checkpoint = str(Path(args.checkpoint) if args.checkpoint else ensure_checkpoint(args))
+    report: dict[str, Any] = {
+        "benchmark": "realtime",
+        "checkpoint": args.checkpoint if args.checkpoint != str(Path(args.work_dir) / FOLDER) else "smolvla_full",
+        "fps": args.fps,
+        "runs": args.runs,
+        "machine": cpu_facts(),
+        "offline": {},
+    }
+    for threads in args.threads:
+        for precision in args.precisions:
+            log(f"{precision} at {threads} thread(s) ...")
+            row = run_worker(args, precision, threads)
+            execution_ms = 1e3 * row["n_action_steps"] / args.fps
+            row["execution_ms"] = round(execution_ms, 1)
+            row["chunk_over_execution"] = round(row["chunk_ms"] / execution_ms, 3)
+            row["realtime"] = row["chunk_ms"] < execution_ms
+            report["offline"][f"{precision}_{threads}_threads"] = row
+            log(f"  {row['chunk_ms']:.0f} ms per chunk vs {execution_ms:.0f} ms of motion ({row['precision']})")
+    if not args.skip_live and args.live_seconds > 0:
+        report["live"] = live(args)
+        log(f"live: {json.dumps({k: v for k, v in report['live'].items() if k != 'log_tail'})}")
+    report["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    emit(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
