@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_ros.errors import OmniRosError
-from omni_ros.export.methods import MethodSignature
+from omni_ros.policy.methods import MethodSignature
 from omni_ros.policy.normalize import NormStats
 
 FORMAT = "omni_ros.pte.v1"
