@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import SpawnedServer, cpu_facts, emit
+from common import SpawnedServer, emit
 
 from omni_ros.observation import ObservationSpec
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
@@ -317,9 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict[str, Any] = {
         "benchmark": "openpi_bridge",
-        "command": "bench/bridge.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "cpu": cpu_facts(),
     }
     report["droid_overhead"] = side_by_side(args.openpi, args.rounds, args.round_requests)
     if args.skip_throughput:
