@@ -309,7 +309,8 @@ class PolicyService:
                 )
         else:
             inference = asyncio.ensure_future(self._infer(raw, options))
-            await asyncio.wait({inference, closed}, return_when=asyncio.FIRST_COMPLETED)
+            racing: set[asyncio.Future[Any]] = {inference, closed}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
             if not inference.done():
                 # Nobody will read the reply: drop it (a queued request is never run).
                 inference.cancel()
