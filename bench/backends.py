@@ -86,7 +86,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         result["end_to_end_ms"] = {"staged": e2e}
     else:
         from omni_ros.backends.executorch_runner import load_pte
-        from omni_ros.export.methods import prefix_mask_of
+        from omni_ros.policy.pi0.stages import prefix_mask_of
 
         policy = load_pte(args.pte, num_threads=args.threads[0], mode="staged")
         obs = observation(policy.metadata.camera_names, policy.metadata.state_dim)

@@ -17,6 +17,13 @@ import omni_ros  # noqa: F401
 
 
 def emit(report: dict[str, Any], out: str | None) -> None:
+    """Print `report` (and write it to `out`), with the command that made it and the CPU it ran on (unless the
+    report says so already): a result file says how to make it again."""
+    import shlex
+    import sys
+
+    report.setdefault("command", shlex.join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]))
+    report.setdefault("cpu", cpu_facts())
     text = json.dumps(report, indent=2)
     print(text)
     if out:
@@ -44,6 +51,7 @@ def cpu_facts() -> dict[str, Any]:
                 "amx_bf16", "amx_int8", "asimddp", "i8mm", "bf16",
             )  # fmt: skip
             facts["extensions"] = [f for f in wanted if f in flags]
+            facts["flags"] = sorted(flags)
             break
     facts["load_average"] = [round(x, 2) for x in os.getloadavg()]
     try:  # what `policy.precision: auto` picks on this CPU, and why

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +15,13 @@ from omni_ros.policy.config import PolicyConfig
 from omni_ros.policy.torch_runner import DeviceError
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+def _observation(cfg) -> dict:
+    rng = np.random.default_rng(0)
+    images = {n: rng.integers(0, 255, (cfg.vision.image_size,) * 2 + (3,), dtype=np.uint8) for n in cfg.camera_names}
+    return {"images": images, "state": rng.normal(size=cfg.state_dim), "prompt": "reach the red block"}
+
 
 AVX2_ONLY = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2"
 
@@ -57,9 +65,11 @@ def test_bfloat16_falls_back_to_float32_with_one_warning(cpu_lacks_bf16, caplog)
     assert {p.dtype for p in policies[0].runner.model.parameters()} == {torch.float32}
     warnings = [r.getMessage() for r in caplog.records if "bfloat16" in r.getMessage()]
     assert len(warnings) == 1 and "lacks AVX512_BF16 or AMX_BF16" in warnings[0] and "float32" in warnings[0]
-    # The float32 it runs is exactly what asking for float32 gives.
+    # The float32 it runs is exactly what asking for float32 gives: same backend, bit-identical actions.
     reference = load_policy(PolicyConfig(preset="tiny", dtype="float32"))
     assert policies[0].metadata.backend == reference.metadata.backend == "torch-cpu"
+    obs = _observation(policies[0].processor.cfg)
+    np.testing.assert_array_equal(policies[0].infer(obs)["actions"], reference.infer(obs)["actions"])
 
 
 def test_strict_dtype_refuses_naming_the_feature(cpu_lacks_bf16):

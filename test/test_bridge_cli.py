@@ -41,7 +41,6 @@ def test_serve_with_a_policy_factory(root):
 
 
 def test_serve_the_configured_torch_policy(root, tmp_path):
-    pytest.importorskip("omni_ros.backends.factory")
     config = tmp_path / "serve.yaml"
     config.write_text("policy: {preset: tiny, num_threads: 1}\nserve: {keymap: aloha, batching: {enabled: true}}\n")
     proc, url, metadata = _start(root, "--config", str(config))

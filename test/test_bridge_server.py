@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+import types
 
 import msgpack
 import numpy as np
@@ -15,9 +17,11 @@ from helpers.bridge_policies import EchoPolicy, expected_actions
 from helpers.bridge_util import ACTION_DIMS, OBS_MAKERS, droid_obs, echo_server, healthz, raw_client, wait_for
 from omni_ros.config import ConfigError
 from omni_ros.observation import make_observation
+from omni_ros.serving import service
 from omni_ros.serving.config import ServeConfig
 from omni_ros.serving.keymap import load_keymap
-from omni_ros.serving.server import PolicyServer
+from omni_ros.serving.server import PolicyServer, ServerThread
+from omni_ros.serving.service import INLINE_AFTER, INLINE_BLOCKING_MS
 
 # openpi_client opens its connection the way websockets >= 16 deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -315,3 +319,56 @@ def test_keymap_policy_mismatch_fails_at_start():
     policy = EchoPolicy(("base", "wrist"), state_dim=8, action_dim=8)
     with pytest.raises(ConfigError, match="7-D actions"):
         PolicyServer(policy, ServeConfig(port=0), load_keymap("libero"))
+
+
+class _ThreadRecordingPolicy(EchoPolicy):
+    """A constant chunk, recording which thread ran each call; each call advances the service's clock by
+    `delay_ms` (and nothing else does), so the durations the service sees are exactly the ones set here."""
+
+    def __init__(self, monkeypatch) -> None:
+        keymap = load_keymap("droid")
+        super().__init__(keymap.camera_names, keymap.state_dim, 8)
+        self.threads: list[str] = []
+        self.delay_ms = 0.0
+        self.clock = [0.0]
+        fake = types.SimpleNamespace(perf_counter=lambda: self.clock[0], monotonic=time.monotonic)
+        monkeypatch.setattr(service, "time", fake)
+
+    def infer(self, obs, *, noise=None):
+        self.threads.append(threading.current_thread().name)
+        self.clock[0] += self.delay_ms / 1e3
+        return {"actions": np.zeros((10, 8), np.float32)}
+
+    def run(self, client, obs, delay_ms: float, calls: int) -> list[str]:
+        self.delay_ms = delay_ms
+        start = len(self.threads)
+        for _ in range(calls):
+            result = client.infer(obs)
+            # infer_ms is the policy's own time (as openpi reports it), wherever it ran.
+            assert result["server_timing"]["infer_ms"] == pytest.approx(delay_ms)
+        return ["loop" if t == "omni-serve-loop" else "thread" for t in self.threads[start:]]
+
+
+def test_a_policy_faster_than_a_thread_hand_off_runs_on_the_event_loop(monkeypatch):
+    policy = _ThreadRecordingPolicy(monkeypatch)
+    obs = droid_obs(np.random.default_rng(0))
+    n = INLINE_AFTER
+    with ServerThread(policy, ServeConfig(port=0, inline_below_ms=1.0), load_keymap("droid")) as server:
+        client = WebsocketClientPolicy(server.url)
+        # Nothing known yet: on the thread; then, the last n calls all short, on the loop.
+        assert policy.run(client, obs, 0.1, n + 2) == ["thread"] * n + ["loop"] * 2
+        # A call above the limit (the machine was busy) runs where it was sent, the next n go to the thread.
+        assert policy.run(client, obs, 5.0, n + 1) == ["loop"] + ["thread"] * n
+        assert policy.run(client, obs, 0.1, n + 1) == ["thread"] * n + ["loop"]
+        # A call that held the loop up (INLINE_BLOCKING_MS): never on the loop again.
+        assert policy.run(client, obs, INLINE_BLOCKING_MS, 1) == ["loop"]
+        assert policy.run(client, obs, 0.1, 2 * n) == ["thread"] * (2 * n)
+
+
+def test_inline_below_ms_zero_keeps_every_call_on_the_threads(monkeypatch):
+    policy = _ThreadRecordingPolicy(monkeypatch)
+    obs = droid_obs(np.random.default_rng(0))
+    with ServerThread(policy, ServeConfig(port=0, inline_below_ms=0.0), load_keymap("droid")) as server:
+        assert policy.run(WebsocketClientPolicy(server.url), obs, 0.0, INLINE_AFTER + 4) == ["thread"] * (
+            INLINE_AFTER + 4
+        )

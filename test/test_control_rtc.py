@@ -151,14 +151,25 @@ def test_a_chunk_requested_without_rtc_enters_through_a_fade():
 
 
 def test_a_stop_forgets_what_the_request_in_flight_was_asked():
-    executor = make(inference_delay=5)
-    executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)
-    run(executor, 0.0, 0.5)
-    started(executor, 0.5)
-    executor.reset_plan()
-    request_id = executor.request_started(0.6)
-    executor.add_chunk(chunk_at(0.6), stamp=0.6, dt=DT, now=0.62, request_id=request_id)
-    assert executor.tick(0.62).positions is not None  # entered as a fresh plan, not as a switch into nothing
+    def after_a_stop(asked_rtc: bool):
+        executor = make(inference_delay=5)
+        executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)
+        run(executor, 0.0, 0.5)
+        started(executor, 0.5) if asked_rtc else executor.request_started(0.5)
+        executor.reset_plan()
+        request_id = executor.request_started(0.6)
+        report = executor.add_chunk(chunk_at(0.6, offset=0.3), stamp=0.6, dt=DT, now=0.62, request_id=request_id)
+        return report, run(executor, 0.62, 1.0)
+
+    report, commands = after_a_stop(asked_rtc=True)
+    _, fresh = after_a_stop(asked_rtc=False)
+    assert report.accepted and all(c.positions is not None for _, c in commands)
+    # Entered as a fresh plan, exactly as if no RTC request had been in flight: not a switch into a forgotten plan.
+    np.testing.assert_array_equal([c.positions for _, c in commands], [c.positions for _, c in fresh])
+    # A fresh plan starts from the measured position (reset_plan's promise) and fades into the new chunk.
+    np.testing.assert_allclose(commands[0][1].positions, trajectory(0.0), atol=1e-9)
+    t_end, last = commands[-1]
+    np.testing.assert_allclose(last.positions, chunk_at(0.6, offset=0.3)[round((t_end - 0.6) / DT)], atol=1e-9)
 
 
 def test_rtc_needs_latency_compensation():

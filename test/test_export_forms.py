@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from omni_ros.export.forms import use_export_forms, uses_export_forms
-from omni_ros.export.methods import METHODS, example_inputs, method_module, prefix_mask_of, signatures
+from omni_ros.policy.families import method_module, signatures
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.layers import additive_mask, attention
+from omni_ros.policy.methods import example_inputs
 from omni_ros.policy.pi0.configuration import TransformerConfig
 from omni_ros.policy.pi0.modeling import Pi0Model
 from omni_ros.policy.pi0.presets import preset
+from omni_ros.policy.pi0.stages import METHODS, prefix_mask_of
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

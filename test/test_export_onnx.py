@@ -19,12 +19,14 @@ from helpers.tiny_models import eager_tiny, raw_obs, reference
 from omni_ros.backends.factory import load_policy
 from omni_ros.backends.onnx_runner import OnnxRunner, load_onnx
 from omni_ros.config import ConfigError, load_config
-from omni_ros.export.methods import METHODS, example_inputs, method_module, signatures
 from omni_ros.export.onnx_export import OPSET
 from omni_ros.export.ort_session import ExtraMissing, ProviderUnavailable, open_session
 from omni_ros.export.sidecar import ONNX_SIDECAR, OnnxModelError, file_sha256, read_onnx_sidecar
 from omni_ros.policy.config import PolicyConfig
+from omni_ros.policy.families import method_module, signatures
+from omni_ros.policy.methods import example_inputs
 from omni_ros.policy.pi0.presets import preset
+from omni_ros.policy.pi0.stages import METHODS
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.usefixtures("torch_one_thread")]
 TOL = 1e-4

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from omni_ros.export.exporter import check_export_target, export_preset
-from omni_ros.export.methods import METHODS, signatures
 from omni_ros.export.qnn import QnnOptions, QnnSdkError, calibration_inputs, find_qnn_sdk, qnn_plan
+from omni_ros.policy.families import signatures
 from omni_ros.policy.pi0.modeling import Pi0Model
 from omni_ros.policy.pi0.presets import preset
+from omni_ros.policy.pi0.stages import METHODS
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -15,11 +15,11 @@ from omni_ros.config import ConfigError
 from omni_ros.control.config import ControlConfig, RtcConfig
 from omni_ros.control.executor import check_rtc_support
 from omni_ros.export.exporter import export_policy
-from omni_ros.export.methods import STAGED
 from omni_ros.policy.loading import from_model, from_preset
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pi0.modeling import Pi0Model
 from omni_ros.policy.pi0.presets import preset
+from omni_ros.policy.pi0.stages import STAGED
 from omni_ros.policy.rtc import RtcError, RtcRequest
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("torch_one_thread")]

@@ -19,10 +19,11 @@ from rclpy.executors import SingleThreadedExecutor
 from trajectory_msgs.msg import JointTrajectory
 
 from helpers.pte_cache import exported_tiny
-from omni_ros.export.qnn_onnx import HTP_TOLERANCE
 from omni_ros.msg import ActionChunk, PolicyStatus
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+# The HTP export is 16a8w: its actions stay within this of eager float32 (test_onnx_qnn.py bounds it the same way).
+HTP_16A8W_TOLERANCE = 0.02
 JOINTS = ["joint_1", "joint_2", "joint_3"]
 
 
@@ -157,7 +158,7 @@ def test_openpi_bridge_serves_an_export(served, tmp_path, root):
     local = load_policy(load_config(config).policy).infer(raw)["actions"]
     eager = from_preset("tiny", state_dim=3, action_dim=3).infer(raw)["actions"]
     # The .pte is float32; the HTP export is quantized (its own test bounds how far that takes it).
-    tolerance = 1e-4 if served[2].startswith("executorch") else HTP_TOLERANCE["16a8w"]
+    tolerance = 1e-4 if served[2].startswith("executorch") else HTP_16A8W_TOLERANCE
     for result in results:
         assert result["actions"].shape == (8, 3)
         np.testing.assert_array_equal(result["actions"], local)  # what the server ran is the exported model

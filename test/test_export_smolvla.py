@@ -13,10 +13,10 @@ from helpers.smolvla_fixture import assert_matches_eager_and_lerobot, assert_qua
 from omni_ros.backends.executorch_runner import load_pte
 from omni_ros.backends.factory import load_policy
 from omni_ros.config import PolicyConfig
-from omni_ros.export.methods import signatures, stage_plan
 from omni_ros.export.qnn import QnnOptions, QnnSdkError, calibration_inputs, qnn_plan
 from omni_ros.export.sidecar import read_sidecar
 from omni_ros.policy import load
+from omni_ros.policy.families import signatures, stage_plan
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -15,16 +15,20 @@ from helpers.tiny_models import eager_tiny, raw_obs, reference
 from omni_ros.backends.executorch_runner import ExecuTorchRunner, installed_executorch_version, load_pte
 from omni_ros.backends.factory import load_policy
 from omni_ros.config import ConfigError, load_config
-from omni_ros.export.methods import METHODS, example_inputs, method_module, signatures
-from omni_ros.export.quantize import INT8_TOLERANCE
 from omni_ros.export.sidecar import PteError, file_sha256, read_sidecar, sidecar_path
 from omni_ros.policy.config import PolicyConfig
+from omni_ros.policy.families import method_module, signatures
 from omni_ros.policy.loading import from_model
+from omni_ros.policy.methods import example_inputs
 from omni_ros.policy.pi0.modeling import Pi0Model
 from omni_ros.policy.pi0.presets import preset
+from omni_ros.policy.pi0.stages import METHODS
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 TOL = 1e-4
+# int8-dynamic `.pte` vs eager float32, max abs of the chunk (normalized units): quantization noise on random
+# weights stays well inside this; a broken scale or a wrong layer quantized lands far outside it.
+INT8_TOLERANCE = 0.05
 
 
 @pytest.fixture(autouse=True)

@@ -135,28 +135,36 @@ def test_batch_equals_single_requests():
         assert np.allclose(policy.infer(o)["actions"], r["actions"], atol=1e-5)
 
 
-def test_timing_reported():
-    # Each stage is slowed by a known amount: the timing must put the time where it was spent.
-    import time
+def test_timing_reported(monkeypatch):
+    # Where the time goes, not how much there is (speed is bench/'s): the pipeline's clock is replaced by one that
+    # only moves when a stage says so, each stage advances it by its own known amount, and the timing dict must
+    # put every millisecond in the stage that spent it and add up to infer_ms exactly.
+    import types
 
+    from omni_ros.policy import pipeline
+
+    now = [100.0]
+    monkeypatch.setattr(pipeline, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     policy = from_preset("tiny")
     model, steps = policy.runner.model, policy.num_steps
 
-    def slowed(fn, seconds):
+    def spending(fn, ms):
         def run(*args, **kwargs):
-            time.sleep(seconds)
+            now[0] += ms / 1e3
             return fn(*args, **kwargs)
 
         return run
 
-    model.prefill = slowed(model.prefill, 0.08)
-    model.denoise_step = slowed(model.denoise_step, 0.03)
+    monkeypatch.setattr(policy.processor, "parse", spending(policy.processor.parse, 3.0))
+    model.embed_prefix = spending(model.embed_prefix, 5.0)
+    model.prefill = spending(model.prefill, 80.0)
+    model.denoise_step = spending(model.denoise_step, 30.0)
     timing = policy.infer(observation(preset("tiny")))["policy_timing"]
     assert set(timing) == {"preprocess_ms", "embed_prefix_ms", "prefill_ms", "denoise_ms", "infer_ms", "batch_size"}
-    assert timing["prefill_ms"] >= 80 and timing["embed_prefix_ms"] < 80
-    assert timing["denoise_ms"] >= 30 * steps > timing["prefill_ms"]
-    stages = timing["preprocess_ms"] + timing["embed_prefix_ms"] + timing["prefill_ms"] + timing["denoise_ms"]
-    assert stages <= timing["infer_ms"] <= stages + 50
+    expected = {"preprocess_ms": 3.0, "embed_prefix_ms": 5.0, "prefill_ms": 80.0, "denoise_ms": 30.0 * steps}
+    for key, ms in expected.items():
+        assert timing[key] == pytest.approx(ms, abs=1e-6), key
+    assert timing["infer_ms"] == pytest.approx(sum(expected.values()), abs=1e-6)
     assert timing["batch_size"] == 1
 
 

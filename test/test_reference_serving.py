@@ -89,7 +89,7 @@ def test_eval_replays_a_bag_through_a_lerobot_checkpoint(tmp_path):
     config.policy.checkpoint = str(ARM)
     evaluation = evaluate([bag], config, out_dir=tmp_path / "out", progress=False)
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    validate(metrics)
+    assert validate(metrics) == []
     assert metrics["policy"]["model"] == "pi0_arm" and metrics["policy"]["backend"] == "torch-cpu"
     assert metrics["overall"]["evaluated"] >= 5 and np.isfinite(metrics["overall"]["mae"])
     assert "pi0_arm" in evaluation.summary

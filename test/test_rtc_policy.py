@@ -72,9 +72,12 @@ def test_guided_rtc_under_a_callers_inference_mode_is_refused_cleanly(demo, obse
     plan = plan_from(demo, first, 6)
     with torch.inference_mode(), pytest.raises(RtcError, match="inference_mode"):
         demo.infer(second, rtc=RtcRequest(plan, inference_delay=6))
-    # Inpainting needs no gradient and runs there.
+    # Inpainting needs no gradient and runs there, giving what it gives outside: the plan's prefix, then the rest.
+    inpaint = RtcRequest(plan, inference_delay=6, method="inpaint")
     with torch.inference_mode():
-        demo.infer(second, rtc=RtcRequest(plan, inference_delay=6, method="inpaint"))
+        inside = demo.infer(second, rtc=inpaint)["actions"]
+    np.testing.assert_array_equal(inside, demo.infer(second, rtc=inpaint)["actions"])
+    np.testing.assert_allclose(inside[:6], plan[:6], atol=1e-5)
 
 
 def test_requests_that_do_not_fit_the_policy_are_refused(demo, observations):

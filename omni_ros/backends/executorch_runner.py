@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 
 from omni_ros.backends.exported import exported_policy, staged_sampler, takes_per_token_times
-from omni_ros.export.methods import GUIDED_STEP, stage_plan
 from omni_ros.export.sidecar import PteError, Sidecar, check_compatible, read_sidecar
+from omni_ros.policy.families import stage_plan
 from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.methods import GUIDED_STEP
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
 from omni_ros.policy.precision.choice import program_choice
 from omni_ros.policy.rtc import RtcError, RtcPlan

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from omni_ros.export.methods import SampleFn
 from omni_ros.policy import families
+from omni_ros.policy.methods import SampleFn
 from omni_ros.policy.pipeline import InferencePipeline, Runner
 from omni_ros.policy.rtc import RtcPlan, per_token_times, rtc_sample
 from omni_ros.policy.sampler import euler_sample

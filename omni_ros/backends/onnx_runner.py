@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from omni_ros.backends.exported import exported_policy, staged_sampler, takes_per_token_times
-from omni_ros.export.methods import stage_plan
 from omni_ros.export.ort_session import (
     HtpCache,
     HtpTarget,
@@ -31,6 +30,7 @@ from omni_ros.export.ort_session import (
     qnn_ep_devices,
 )
 from omni_ros.export.sidecar import OnnxModelError, check_compatible, read_onnx_sidecar
+from omni_ros.policy.families import stage_plan
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import InferencePipeline, Sampled, StageClock
 from omni_ros.policy.precision.choice import program_choice

@@ -153,9 +153,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--calibration",
-        default="sim",
+        default="auto",
         help="qnn-onnx: observations to calibrate the quantized graphs on: sim (the simulated arm), a dataset folder "
-        "(omni-ros sim collect), or random (plumbing tests only); default sim",
+        "(omni-ros sim collect), spec (drawn from the model's own spec: simulator frames, states from its norm "
+        "stats), or random (plumbing tests only); default auto: sim when the model fits the simulated arm, else spec",
     )
     p.add_argument("--calibration-samples", type=int, default=16, help="observations to calibrate on (default 16)")
     p.add_argument("--camera", action="append", help="preset camera names (repeatable)")

@@ -1,7 +1,11 @@
 """Observations to calibrate a quantized export on: the simulator, a recorded dataset, or random tensors.
 
+    auto       (the default) sim when the model fits the simulated arm, else spec; the export says which
     sim        the simulated arm (`omni_ros.sim`): rendered camera images, joint states and task prompts
                from episodes of different seeds, the arm moved to varied poses
+    spec       drawn from the model's own spec, for a model no recorded data fits (the built-in presets): the
+               simulator's rendered frames as its cameras (in turn), states drawn from its norm stats (mean +- std,
+               or between its quantiles), the simulator's task prompts
     DIR        a demonstration dataset folder (`omni-ros sim collect`, shards + meta.json): recorded observations
     random     uniform pixels, random prompts and states (only for plumbing tests: ranges will not match data)
 
@@ -22,26 +26,43 @@ from omni_ros.policy.family_base import ChunkConfig
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.normalize import NormStats
 
-SOURCES = ("sim", "random")
+SOURCES = ("auto", "sim", "spec", "random")
 
 
 class CalibrationError(OmniRosError, ValueError):
     """The calibration source cannot give observations for this model."""
 
 
-def sim_observations(cfg: ChunkConfig, samples: int, seed: int = 0) -> list[dict[str, Any]]:
+def sim_mismatch(cfg: ChunkConfig) -> str | None:
+    """Why the simulated arm cannot stand in for this model's robot (None: it can)."""
+    from omni_ros.sim.config import SimConfig
+
+    sim = SimConfig()
+    missing = [c for c in cfg.camera_names if c not in sim.cameras]
+    if missing or cfg.state_dim != sim.n_joints:
+        return (
+            f"the simulator has cameras {sim.cameras} and {sim.n_joints} joints, the model needs "
+            f"cameras {list(cfg.camera_names)} and state_dim {cfg.state_dim}"
+        )
+    return None
+
+
+def resolve_source(source: str, cfg: ChunkConfig) -> tuple[str, str]:
+    """(the source to use, why) for `source`; `auto` is sim when the model fits the simulated arm, else spec."""
+    if source != "auto":
+        return source, ""
+    mismatch = sim_mismatch(cfg)
+    if mismatch is None:
+        return "sim", ""
+    return "spec", f"{mismatch}: calibrating on observations drawn from the model's own spec"
+
+
+def _sim_frames(samples: int, seed: int) -> list[dict[str, Any]]:
     """`samples` observations of the simulated arm: one episode per sample, the arm moved to a random pose."""
     from omni_ros.sim.config import SimConfig
     from omni_ros.sim.env import SimEnv
 
     sim = SimConfig()
-    missing = [c for c in cfg.camera_names if c not in sim.cameras]
-    if missing or cfg.state_dim != sim.n_joints:
-        raise CalibrationError(
-            f"--calibration sim: the simulator has cameras {sim.cameras} and {sim.n_joints} joints, the model needs "
-            f"cameras {list(cfg.camera_names)} and state_dim {cfg.state_dim}; calibrate on recorded observations "
-            "instead (--calibration DATASET_DIR)"
-        )
     env = SimEnv(sim)
     rng = np.random.default_rng(seed)
     out = []
@@ -50,8 +71,44 @@ def sim_observations(cfg: ChunkConfig, samples: int, seed: int = 0) -> list[dict
         # Somewhere between the start pose and a reach: the arm and its shadow move through the images.
         env.command(env.state + rng.uniform(-0.8, 0.8, size=sim.n_joints))
         env.step(float(rng.uniform(0.1, 0.6)))
-        obs = env.observe()
+        out.append(env.observe())
+    return out
+
+
+def sim_observations(cfg: ChunkConfig, samples: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`samples` observations of the simulated arm (cameras and joints must be the model's)."""
+    mismatch = sim_mismatch(cfg)
+    if mismatch is not None:
+        raise CalibrationError(
+            f"--calibration sim: {mismatch}; calibrate on recorded observations instead (--calibration DATASET_DIR), "
+            "or on observations drawn from the model's spec (--calibration spec)"
+        )
+    out = _sim_frames(samples, seed)
+    for obs in out:
         obs["images"] = {c: obs["images"][c] for c in cfg.camera_names}
+    return out
+
+
+def spec_observations(
+    cfg: ChunkConfig, samples: int, norm_stats: NormStats | None = None, seed: int = 0
+) -> list[dict[str, Any]]:
+    """`samples` observations shaped by the model's spec, for a model no recorded data fits.
+
+    Images are the simulator's rendered frames (real scene statistics, not noise), its cameras given to the model's
+    in turn; states are drawn where the norm stats say the robot's are (mean +- std, or between the 1st and 99th
+    percentiles), so the normalized state the model sees spans its usual range; prompts are the simulator's tasks.
+    """
+    stats = norm_stats or NormStats.identity(cfg.state_dim, cfg.action_dim)
+    rng = np.random.default_rng(seed)
+    out = []
+    for obs in _sim_frames(samples, seed):
+        frames = list(obs["images"].values())
+        obs["images"] = {c: frames[i % len(frames)] for i, c in enumerate(cfg.camera_names)}
+        if stats.state_mode == "quantile" and stats.state_q01 is not None and stats.state_q99 is not None:
+            state = rng.uniform(stats.state_q01, stats.state_q99)
+        else:
+            state = np.asarray(stats.state_mean) + np.asarray(stats.state_std) * rng.uniform(-1.0, 1.0, cfg.state_dim)
+        obs["state"] = state.astype(np.float32)
         out.append(obs)
     return out
 
@@ -84,16 +141,21 @@ def dataset_observations(path: str | Path, cfg: ChunkConfig, samples: int) -> li
     return out
 
 
-def calibration_observations(source: str, cfg: ChunkConfig, samples: int, seed: int = 0) -> list[dict] | None:
-    """Raw observations from `source` (sim, random or a dataset folder); None for random."""
+def calibration_observations(
+    source: str, cfg: ChunkConfig, samples: int, seed: int = 0, norm_stats: NormStats | None = None
+) -> list[dict] | None:
+    """Raw observations from `source` (auto, sim, spec, random or a dataset folder); None for random."""
     if samples < 1:
         raise CalibrationError("calibration needs at least one sample")
+    source, _ = resolve_source(source, cfg)
     if source == "random":
         return None
     if source == "sim":
         return sim_observations(cfg, samples, seed)
+    if source == "spec":
+        return spec_observations(cfg, samples, norm_stats, seed)
     if not Path(source).is_dir():
-        raise CalibrationError(f"--calibration {source!r}: not 'sim', 'random' or a dataset folder")
+        raise CalibrationError(f"--calibration {source!r}: not auto, sim, spec, random or a dataset folder")
     return dataset_observations(source, cfg, samples)
 
 

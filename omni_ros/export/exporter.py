@@ -18,13 +18,14 @@ import torch
 from torch import nn
 
 from omni_ros.export.forms import use_export_forms
-from omni_ros.export.methods import StagePlan, stage_plan
 from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
 from omni_ros.export.quantize import QUANTIZE, quantize_model
 from omni_ros.export.report import delegation_report
 from omni_ros.export.rtc_step import NAME as GUIDED_STEP
 from omni_ros.export.rtc_step import GuidedStep, guided_signature
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
+from omni_ros.policy.families import stage_plan
+from omni_ros.policy.methods import StagePlan
 from omni_ros.policy.normalize import NormStats
 
 TARGETS = ("xnnpack", "qnn", "cuda", "onnx", "qnn-onnx")
@@ -81,14 +82,14 @@ def export_policy(
     name: str | None = None,
     tokenizer_file: str | Path | None = None,
     qnn: QnnOptions | None = None,
-    calibration: str = "sim",
+    calibration: str = "auto",
     rtc: bool = False,
 ) -> ExportResult:
     """Export `methods` (default: all of the model family's) of `model` to `out` (.pte) and write `out`.json.
     `rtc` adds the guided real-time-chunking step (float32 xnnpack / cuda).
 
     The model is copied, switched to its export forms and quantized; the caller's model is untouched.
-    For the ONNX targets `out` is a folder; qnn-onnx calibrates on `calibration` (sim, random or a dataset).
+    For the ONNX targets `out` is a folder; qnn-onnx calibrates on `calibration` (auto, sim, spec, random or a dataset).
     """
     check_export_target(target, quantize, qnn)
     cfg: Any = model.cfg

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from omni_ros.errors import OmniRosError
-from omni_ros.export.methods import MethodSignature, method_module, signatures, stage_plan
+from omni_ros.policy.families import method_module, signatures, stage_plan
 from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.methods import MethodSignature
 from omni_ros.policy.pipeline import StageClock
 
 # Snapdragon SoCs with an HTP (Hexagon tensor processor) and its architecture version.

@@ -22,19 +22,14 @@ from typing import Any
 import numpy as np
 import onnx
 
-from omni_ros.export.calibration import calibration_observations, observation_inputs
-from omni_ros.export.methods import signatures
-from omni_ros.export.onnx_export import HTP_MASK_VALUE, prepare_for_htp
+from omni_ros.export.calibration import calibration_observations, observation_inputs, resolve_source
+from omni_ros.export.htp_rewrite import HTP_MASK_VALUE, prepare_for_htp
 from omni_ros.export.ort_session import HtpCache, HtpTarget, context_file, qnn_version
 from omni_ros.export.qnn import PRECISIONS, SOC_HTP_ARCH, SOC_MODEL, QnnOptions, calibration_inputs
 from omni_ros.export.sidecar import file_sha256
+from omni_ros.policy.families import signatures
 
 log = logging.getLogger(__name__)
-# Max abs difference of the action chunk (normalized units, ~2 at most) between the HTP emulator and eager float32,
-# on simulator observations the calibration did not see, that the tests assert. Measured on tiny (random weights,
-# 16 sim observations of calibration): 16a8w 2.4e-3 staged / 4.7e-3 fused, 8a8w 0.09 (4 observations); fp16 runs
-# the float graph in half precision (1e-3 per stage).
-HTP_TOLERANCE = {"16a8w": 0.02, "8a8w": 0.15, "fp16": 0.02}
 
 
 class _Rows:
@@ -109,8 +104,11 @@ def build_htp_graphs(
     batches: dict[str, Any] = {}  # per method, when quantized
     if quantized:
         start = time.perf_counter()
+        calibration, why = resolve_source(calibration, cfg)
+        if why:
+            log.warning("export %s: %s (--calibration DATASET_DIR for recorded data)", out, why)
         log.info("export %s: calibrating on %d observations (%s)", out, qnn.calibration_samples, calibration)
-        observations = calibration_observations(calibration, cfg, qnn.calibration_samples)
+        observations = calibration_observations(calibration, cfg, qnn.calibration_samples, norm_stats=norm_stats)
         inputs = None
         if observations is not None:
             if tokenizer is None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omni_ros.export.methods import GUIDED_STEP, MethodSignature, TensorSpec, pi0_method_module
+from omni_ros.policy.methods import GUIDED_STEP, MethodSignature, TensorSpec
 from omni_ros.policy.pi0.modeling import Pi0Model
+from omni_ros.policy.pi0.stages import pi0_method_module
 
 NAME = GUIDED_STEP
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from omni_ros.errors import OmniRosError
-from omni_ros.export.methods import MethodSignature
 from omni_ros.file_hash import file_sha256
+from omni_ros.policy.methods import MethodSignature
 from omni_ros.policy.normalize import NormStats
 
 FORMAT = "omni_ros.pte.v1"

@@ -4,7 +4,8 @@
     pipeline.py    InferencePipeline: observation -> processor -> runner.sample -> actions (every backend)
     inputs.py      ModelInputs: the one struct a model takes
     torch_runner.py  eager PyTorch runner (CPU / CUDA); other runners live in omni_ros.backends
-    families.py    model families (pi0/ ...), each a folder: configuration, modules, processing
+    families.py    model families (pi0/ ...), each a folder: configuration, modules, processing, stages
+    methods.py     StagePlan: a family's inference stages as program methods (exporters and runtimes consume it)
     layouts/       checkpoint folders (omni_ros ...) -> family config, weights, norm stats, tokenizer
     loading.py     load(path) / from_preset(name) / from_model(model, stats)
     sampler.py, normalize.py, tokenizer.py, layers.py, train.py   shared pieces

@@ -1,20 +1,24 @@
 """Model families: what each supplies to the one inference path (its model and its processor).
 
 A checkpoint layout names the family its folder holds (`Checkpoint.family`); `get(name)` gives the
-pieces `omni_ros.policy.load` puts together. A new family adds one folder and one entry here.
+pieces `omni_ros.policy.load` puts together, and `stage_plan(cfg)` the family's inference stages as program
+methods (what exporters and method runtimes consume). A new family adds one folder and one entry here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pipeline import Processor
 from omni_ros.policy.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from omni_ros.policy.methods import MethodSignature, StagePlan
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ class Family:
     build_model: Callable[[Any], nn.Module]
     # (config, norm stats, tokenizer) -> the family's pre/post-processing
     build_processor: Callable[[Any, NormStats, Tokenizer | None], Processor]
+    # () -> its StagePlan; imported on demand, as only exporters and method runtimes need it
+    stages: Callable[[], StagePlan]
 
 
 def _pi0() -> Family:
@@ -41,7 +47,12 @@ def _pi0() -> Family:
             return ReferenceProcessor(cfg, stats, tokenizer)
         return Pi0Processor(cfg, stats, tokenizer)
 
-    return Family("pi0", ModelConfig, Pi0Model, processor)
+    def stages() -> StagePlan:
+        from omni_ros.policy.pi0.stages import PI0
+
+        return PI0
+
+    return Family("pi0", ModelConfig, Pi0Model, processor, stages)
 
 
 def _smolvla() -> Family:
@@ -55,7 +66,12 @@ def _smolvla() -> Family:
             raise ValueError("a SmolVLA checkpoint needs its tokenizer (tokenizer.json)")
         return SmolVLAProcessor(cfg, stats, tokenizer)
 
-    return Family("smolvla", SmolVLAConfig, SmolVLAModel, processor)
+    def stages() -> StagePlan:
+        from omni_ros.policy.smolvla.stages import SMOLVLA
+
+        return SMOLVLA
+
+    return Family("smolvla", SmolVLAConfig, SmolVLAModel, processor, stages)
 
 
 _FAMILIES: dict[str, Callable[[], Family]] = {"pi0": _pi0, "smolvla": _smolvla}
@@ -65,3 +81,19 @@ def get(name: str) -> Family:
     if name not in _FAMILIES:
         raise ValueError(f"unknown model family '{name}'; known: {', '.join(sorted(_FAMILIES))}")
     return _FAMILIES[name]()
+
+
+def stage_plan(cfg_or_family: Any) -> StagePlan:
+    """The StagePlan of a family (its name, or a model config whose `family` names it; pi0 when it has none)."""
+    family = cfg_or_family if isinstance(cfg_or_family, str) else getattr(cfg_or_family, "family", "pi0")
+    return get(family).stages()
+
+
+def signatures(cfg: Any, batch: int = 1) -> dict[str, MethodSignature]:
+    """Input/output specs of every method for `cfg` (what the sidecar records and the runtime checks)."""
+    return stage_plan(cfg).signatures(cfg, batch)
+
+
+def method_module(model: nn.Module, name: str, num_steps: int | None = None) -> nn.Module:
+    """The wrapper module exporting method `name` of `model` (any family)."""
+    return stage_plan(model.cfg).module(model, name, num_steps)

@@ -52,6 +52,10 @@ class ServeConfig:
     tls_key: str | None = None
     # Threads running inference; 1 serialises calls into the policy.
     workers: int = 1
+    # A policy whose last few calls each took less than this (ms) is called on the event loop: handing a call to
+    # a worker thread and back costs two thread wake-ups, more than such a policy takes. A slower call sends the
+    # next ones back to the threads, so a real model never blocks the loop. 0: always on the threads.
+    inline_below_ms: float = 1.0
     # Keepalive pings; a client that does not answer within the timeout is dropped.
     ping_interval_s: float = 20.0
     ping_timeout_s: float = 20.0
@@ -62,6 +66,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise FieldError("workers", f"must be >= 1, got {self.workers}")
+        if self.inline_below_ms < 0:
+            raise FieldError("inline_below_ms", f"must be >= 0, got {self.inline_below_ms}")
         if self.max_message_bytes < 1024:
             raise FieldError("max_message_bytes", f"must be >= 1024, got {self.max_message_bytes}")
         if bool(self.tls_cert) != bool(self.tls_key):

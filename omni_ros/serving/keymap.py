@@ -117,6 +117,10 @@ class KeyMap:
             if isinstance(node.get(parts[-1]), dict):
                 raise ConfigError(f"{source}: key '{path}' is also the parent of other keys")
             node[parts[-1]] = True
+        # Each path split once here, not per request: (camera, path, parts), (part, parts), prompt parts.
+        self._images = [(c, p, tuple(p.split("."))) for c, p in config.images.items()]
+        self._state = [(part, tuple(part.key.split("."))) for part in config.state]
+        self._prompt = tuple(config.prompt.split("."))
 
     @classmethod
     def canonical(cls, spec: ObservationSpec) -> KeyMap:
@@ -170,21 +174,21 @@ class KeyMap:
             raise KeyMapError(f"observation must be a dict (msgpack map), got {type(obs).__name__}")
         self._check_keys(obs, self._tree, "", strict, ignored)
         images: dict[str, np.ndarray] = {}
-        for camera, path in self.config.images.items():
-            found, value = _lookup(obs, path)
+        for camera, path, parts in self._images:
+            found, value = _lookup(obs, parts)
             if not found:
                 if camera in self.required_cameras:
                     raise KeyMapError(f"missing image '{path}' (camera '{camera}'); expected keys: {self._expected()}")
                 continue
             images[camera] = self._image(value, path)
-        parts = []
-        for part in self.config.state:
-            found, value = _lookup(obs, part.key)
+        state = []
+        for part, parts in self._state:
+            found, value = _lookup(obs, parts)
             if not found:
                 raise KeyMapError(f"missing state key '{part.key}' ({part.dim} numbers)")
-            parts.append(_state_part(value, part))
-        raw: dict[str, Any] = {"images": images, "state": np.concatenate(parts)}
-        found, prompt = _lookup(obs, self.config.prompt)
+            state.append(_state_part(value, part))
+        raw: dict[str, Any] = {"images": images, "state": np.concatenate(state)}
+        found, prompt = _lookup(obs, self._prompt)
         if found and prompt is not None:
             if isinstance(prompt, bytes):
                 prompt = prompt.decode("utf-8", errors="replace")
@@ -262,9 +266,9 @@ class KeyMap:
         return out
 
 
-def _lookup(obs: Mapping, path: str) -> tuple[bool, Any]:
+def _lookup(obs: Mapping, parts: tuple[str, ...]) -> tuple[bool, Any]:
     node: Any = obs
-    for part in path.split("."):
+    for part in parts:
         if not isinstance(node, Mapping) or part not in node:
             return False, None
         node = node[part]

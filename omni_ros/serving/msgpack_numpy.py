@@ -15,7 +15,6 @@ refused, and the buffer size must match dtype and shape exactly.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import msgpack
@@ -45,7 +44,15 @@ def packb(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_pack_default)
 
 
+# Announced dtype string -> the checked np.dtype: a request carries a handful of dtypes, each parsed once.
+_DTYPES: dict[str, np.dtype] = {}
+_MAX_CACHED_DTYPES = 64
+
+
 def _dtype(value: Any) -> np.dtype:
+    cached = _DTYPES.get(value) if isinstance(value, str) else None
+    if cached is not None:
+        return cached
     if isinstance(value, bytes):
         value = value.decode("ascii", errors="replace")
     if not isinstance(value, str):
@@ -56,6 +63,8 @@ def _dtype(value: Any) -> np.dtype:
         raise DecodeError(f"unknown array dtype {value!r}") from exc
     if dtype.kind in REFUSED_KINDS:
         raise DecodeError(f"refused array dtype {value!r} (object, void and complex are not accepted)")
+    if len(_DTYPES) < _MAX_CACHED_DTYPES:  # a peer inventing dtype strings cannot grow it without bound
+        _DTYPES[value] = dtype
     return dtype
 
 
@@ -64,16 +73,21 @@ def _array(obj: dict) -> np.ndarray:
     shape = obj.get(b"shape")
     if not isinstance(shape, (list, tuple)) or len(shape) > MAX_RANK:
         raise DecodeError(f"array shape must be a list of at most {MAX_RANK} sizes, got {shape!r}")
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-        raise DecodeError(f"array shape must hold non-negative integers, got {shape!r}")
+    count = 1
+    for n in shape:
+        # type() is int: bool is an int subclass, and True is no size.
+        if type(n) is not int or n < 0:
+            raise DecodeError(f"array shape must hold non-negative integers, got {shape!r}")
+        count *= n
     data = obj.get(b"data")
     if not isinstance(data, bytes):
         raise DecodeError(f"array data must be bytes, got {type(data).__name__}")
-    expected = math.prod(shape) * dtype.itemsize
-    if len(data) != expected:
-        raise DecodeError(f"array of shape {list(shape)} and dtype {dtype.str} needs {expected} bytes, got {len(data)}")
+    if len(data) != count * dtype.itemsize:
+        raise DecodeError(
+            f"array of shape {list(shape)} and dtype {dtype.str} needs {count * dtype.itemsize} bytes, got {len(data)}"
+        )
     # Read-only view on the received bytes, like openpi: no copy of large images.
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    return np.ndarray(shape, dtype, data)
 
 
 def _scalar(obj: dict) -> np.generic:

@@ -49,7 +49,12 @@ def rtc_metadata(methods: tuple[str, ...]) -> dict[str, Any]:
 
 def split_rtc(obs: Any) -> tuple[Any, RtcRequest | None]:
     """(the observation without rtc/ keys, the request they make or None). Malformed keys raise RtcError."""
-    if not isinstance(obs, Mapping) or not any(isinstance(k, str) and k.startswith(PREFIX) for k in obs):
+    if not isinstance(obs, Mapping):
+        return obs, None
+    for key in obs:  # a plain loop: this runs on every request, and almost every request has no rtc/ key
+        if isinstance(key, str) and key.startswith(PREFIX):
+            break
+    else:
         return obs, None
     rest = {k: v for k, v in obs.items() if not (isinstance(k, str) and k.startswith(PREFIX))}
     given = {k: v for k, v in obs.items() if isinstance(k, str) and k.startswith(PREFIX)}

@@ -23,7 +23,7 @@ float [0, 1] and CHW images are converted as openpi does (keymap.py).
 from __future__ import annotations
 
 import asyncio
-import functools
+import collections
 import hmac
 import ipaddress
 import logging
@@ -37,7 +37,7 @@ from typing import Any
 from omni_ros import __version__
 from omni_ros.observation import ObservationError
 from omni_ros.policy.base import Policy
-from omni_ros.policy.rtc_request import RtcError, RtcRequest, supported_rtc_methods
+from omni_ros.policy.rtc_request import RtcError, supported_rtc_methods
 from omni_ros.serving.batching import Batcher, BatchInfo
 from omni_ros.serving.config import ServeConfig
 from omni_ros.serving.keymap import KeyMap
@@ -52,6 +52,12 @@ logger = logging.getLogger("omni_ros.serve")
 CLIENT_ERRORS = (DecodeError, ObservationError, RtcError)
 # Unknown keys named in warnings per connection; a client inventing keys cannot flood the log.
 MAX_WARNED_KEYS = 32
+# How many recent policy calls must each be under `serve.inline_below_ms` before calls run on the event loop.
+INLINE_AFTER = 8
+# A call this long on the event loop held up every other client: calls never run there again (a policy that is
+# only sometimes fast, e.g. one replaying a cached chunk between inferences). A shorter slow call (the machine
+# was busy) only sends the next INLINE_AFTER calls back to the threads.
+INLINE_BLOCKING_MS = 20.0
 
 
 class RequestError(ValueError):
@@ -155,6 +161,10 @@ class PolicyService:
         self.requests_served = 0
         # Requests whose client left before the reply (their result was dropped).
         self.abandoned = 0
+        # Durations (ms) of the latest policy calls: all short means the next one runs on the event loop (until
+        # one call there takes INLINE_BLOCKING_MS: the loop is blocked that long once, at most).
+        self._recent_ms: collections.deque[float] = collections.deque(maxlen=INLINE_AFTER)
+        self._inline_off = False
 
     def health_text(self) -> str:
         """The body of `GET /healthz`: "OK" first (what probes read), then the model and what its GEMMs run in."""
@@ -225,6 +235,8 @@ class PolicyService:
         prev_total_ms: float | None = None
         count = 0
         warned: set[str] = set()  # unknown keys already reported for this connection
+        # One waiter per connection, not per request: a request raced against it learns the client left.
+        closed: asyncio.Future[None] | None = None
         self._connections.add(conn)
         try:
             await conn.send(self._metadata_frame)
@@ -235,8 +247,10 @@ class PolicyService:
                     return
                 start = time.monotonic()
                 self._busy.add(conn)
+                if closed is None:
+                    closed = asyncio.ensure_future(conn.wait_closed())
                 try:
-                    reply = await self._serve_one(conn, message, prev_total_ms, warned)
+                    reply = await self._serve_one(conn, closed, message, prev_total_ms, warned)
                 except TransportClosed:
                     raise
                 except Exception as exc:
@@ -259,11 +273,18 @@ class PolicyService:
         except TransportClosed:
             pass
         finally:
+            if closed is not None:
+                closed.cancel()
             self._connections.discard(conn)
             logger.info("client %s disconnected after %d requests", peer, count)
 
     async def _serve_one(
-        self, conn: Transport, message: str | bytes, prev_total_ms: float | None, warned: set[str]
+        self,
+        conn: Transport,
+        closed: asyncio.Future[None],
+        message: str | bytes,
+        prev_total_ms: float | None,
+        warned: set[str],
     ) -> bytes | None:
         if isinstance(message, str):
             raise RequestError("expected a binary msgpack frame, got a text frame")
@@ -281,30 +302,54 @@ class PolicyService:
         raw = self.keymap.to_raw(request, strict=self.config.strict_keys, ignored=ignored)
         if ignored:
             self._warn_ignored(conn.peer, ignored, warned)
-        start = time.monotonic()
-        inference = asyncio.ensure_future(self._infer(raw, noise, rtc))
-        closed = asyncio.ensure_future(conn.wait_closed())
-        try:
-            await asyncio.wait({inference, closed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            closed.cancel()
-        if not inference.done():
-            # Nobody will read the reply: drop it (a queued request is never run).
-            inference.cancel()
-            return None
-        result, info = inference.result()
-        infer_ms = (time.monotonic() - start) * 1000.0
+        options: dict[str, Any] = {k: v for k, v in (("noise", noise), ("rtc", rtc)) if v is not None}
+        info: BatchInfo | None = None
+        if self._runs_inline(options):
+            # Shorter than the hand-off to a thread would be (see ServeConfig.inline_below_ms); nothing to race.
+            result, infer_ms = self._call_policy(raw, options)
+            if infer_ms >= INLINE_BLOCKING_MS:
+                self._inline_off = True
+                logger.info(
+                    "a policy call took %.1f ms on the event loop; calls run on the inference threads from now on",
+                    infer_ms,
+                )
+        else:
+            inference = asyncio.ensure_future(self._infer(raw, options))
+            racing: set[asyncio.Future[Any]] = {inference, closed}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            if not inference.done():
+                # Nobody will read the reply: drop it (a queued request is never run).
+                inference.cancel()
+                return None
+            result, infer_ms, info = inference.result()
         if not isinstance(result, dict) or "actions" not in result:
             raise TypeError(f"policy returned {type(result).__name__} without 'actions'; expected a dict")
         reply = dict(result)
+        # infer_ms is the policy's own time, as openpi's server reports it (hand-offs and queueing are not in it).
         server_timing: dict[str, Any] = {"infer_ms": infer_ms}
         if prev_total_ms is not None:
             server_timing["prev_total_ms"] = prev_total_ms
         if info is not None:
             server_timing.update(batch_size=info.batch_size, queue_ms=info.queue_ms)
-        reply.setdefault("policy_timing", {"infer_ms": info.infer_ms if info is not None else infer_ms})
+        reply.setdefault("policy_timing", {"infer_ms": infer_ms})
         reply["server_timing"] = server_timing
         return packb(reply)
+
+    def _runs_inline(self, options: dict[str, Any]) -> bool:
+        """Whether this call runs on the event loop: no batching to join, and the latest calls were all short."""
+        limit = self.config.inline_below_ms
+        if limit <= 0 or self._inline_off or (self._batcher is not None and not options):
+            return False
+        recent = self._recent_ms
+        return len(recent) == recent.maxlen and max(recent) < limit
+
+    def _call_policy(self, raw: dict[str, Any], options: dict[str, Any]) -> tuple[Any, float]:
+        """One policy call and its duration in ms (on whichever thread runs it)."""
+        start = time.perf_counter()
+        result = self.policy.infer(raw, **options)
+        infer_ms = (time.perf_counter() - start) * 1000.0
+        self._recent_ms.append(infer_ms)  # deque.append is atomic: worker threads may append concurrently
+        return result, infer_ms
 
     def _warn_ignored(self, peer: str, ignored: list[str], warned: set[str]) -> None:
         """One warning per connection and unknown key (at most MAX_WARNED_KEYS of them)."""
@@ -325,15 +370,16 @@ class PolicyService:
             )
 
     async def _infer(
-        self, raw: dict[str, Any], noise: Any = None, rtc: RtcRequest | None = None
-    ) -> tuple[dict[str, Any], BatchInfo | None]:
+        self, raw: dict[str, Any], options: dict[str, Any]
+    ) -> tuple[dict[str, Any], float, BatchInfo | None]:
+        """(result, the policy's ms, the batch it ran in) off the event loop: on the batcher or a worker thread."""
         # A request with noise or continuing its own robot's plan runs alone: a batch shares one noise and loop.
-        if self._batcher is not None and noise is None and rtc is None:
-            return await self._batcher.submit(raw)
+        if self._batcher is not None and not options:
+            result, info = await self._batcher.submit(raw)
+            return result, info.infer_ms, info
         loop = asyncio.get_running_loop()
-        options: dict[str, Any] = {k: v for k, v in (("noise", noise), ("rtc", rtc)) if v is not None}
-        call = functools.partial(self.policy.infer, **options) if options else self.policy.infer
-        return await loop.run_in_executor(self._executor, call, raw), None
+        result, infer_ms = await loop.run_in_executor(self._executor, self._call_policy, raw, options)
+        return result, infer_ms, None
 
     async def _send_error(self, conn: Transport, peer: str, exc: Exception) -> None:
         if isinstance(exc, (*CLIENT_ERRORS, RequestError)):

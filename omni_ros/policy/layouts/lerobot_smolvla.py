@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_ros.policy.layouts.common import Checkpoint, CheckpointError
-from omni_ros.policy.layouts.lerobot import features, norm_stats
+from omni_ros.policy.layouts.lerobot_files import features, norm_stats
 from omni_ros.policy.layouts.pi0_weights import siglip_key, siglip_placement
 from omni_ros.policy.layouts.tokenizer_files import find_tokenizer, in_folder, in_hf_cache
 from omni_ros.policy.layouts.weights import Place, Placement, SafetensorsFile

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_ros.policy.layouts.common import Checkpoint, CheckpointError
-from omni_ros.policy.layouts.lerobot import read_json
+from omni_ros.policy.layouts.lerobot_files import read_json
 from omni_ros.policy.layouts.pi0_weights import PALI, architecture, our_shapes, placer
 from omni_ros.policy.layouts.tokenizer_files import find_tokenizer
 from omni_ros.policy.layouts.weights import SafetensorsFile

@@ -1,4 +1,4 @@
-"""SmolVLA's inference stages as program methods (its `StagePlan`, see omni_ros.export.methods):
+"""SmolVLA's inference stages as program methods (its `StagePlan`, see omni_ros.policy.methods):
 
     encode_image(image)                                            -> image_tokens   (ONE camera, scaled)
     prefill(image_tokens, image_masks, tokens, token_mask, state)  -> k_0, v_0, ...  (per expert layer; cross
@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.export.methods import (
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.methods import (
     MethodSignature,
     RunMethod,
     SampleFn,
@@ -35,7 +36,6 @@ from omni_ros.export.methods import (
     paired,
     sample_stage,
 )
-from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import StageClock
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.smolvla.configuration import SmolVLAConfig
