@@ -68,7 +68,8 @@ def test_policy_matches_torch_policy(onnx_dir, mode):
     policy = load_onnx(onnx_dir, mode=mode, seed=7, num_threads=1)
     torch_policy = reference(seed=7)
     assert (policy.metadata.backend, policy.runner.mode) == ("onnxruntime-cpu", mode)
-    assert policy.metadata.to_dict() == {**torch_policy.metadata.to_dict(), "backend": "onnxruntime-cpu"}
+    expected = {**torch_policy.metadata.to_dict(), "backend": "onnxruntime-cpu"}
+    assert policy.metadata.to_dict() == {**expected, "precision": "fp32: exported program (none)"}
     chunks = [(policy.infer(o), torch_policy.infer(o)) for o in (raw_obs(0), raw_obs(1, wrist=False))]
     for got, want in chunks:
         assert got["actions"].dtype == np.float32 and got["actions"].shape == (8, 3)

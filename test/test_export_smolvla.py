@@ -4,6 +4,8 @@ reuses the prefix cache; the fused loop traces to eager; QNN is planned and cali
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -40,7 +42,8 @@ def int8_pte(tmp_path_factory, root):
 def test_staged_pte_matches_eager_and_lerobot(fp32_pte, smolvla_reference, smolvla_eager):
     policy = load_pte(fp32_pte)
     assert policy.runner.mode == "staged" and policy.metadata.backend == "executorch-xnnpack"
-    assert policy.metadata == smolvla_eager.processor.metadata(policy.metadata.model, policy.metadata.backend)
+    expected = smolvla_eager.processor.metadata(policy.metadata.model, policy.metadata.backend)
+    assert policy.metadata == dataclasses.replace(expected, precision="fp32: exported program (none)")
     assert_matches_eager_and_lerobot(policy, smolvla_reference, smolvla_eager, TOL)
 
 

@@ -42,6 +42,8 @@ def packed_linear_available() -> bool:
 class PackedLinear(nn.Module):
     """`nn.Linear` (float32, CPU) whose weight is held in oneDNN's packed layout."""
 
+    swapped_linear = True  # its weight is no parameter: weight_count counts it
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -65,7 +67,7 @@ class PackedLinear(nn.Module):
 
 def pack_linears(model: nn.Module) -> int:
     """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear`, in place; returns how many."""
-    from omni_ros.policy.precision import swap_linears
+    from omni_ros.policy.linear_swap import swap_linears
 
     return swap_linears(model, lambda _name, linear: PackedLinear(linear))
 
@@ -73,12 +75,12 @@ def pack_linears(model: nn.Module) -> int:
 def weight_count(model: nn.Module) -> int:
     """Parameters of `model`, the weights and biases of its swapped linears included (they are not parameters:
     packed, bf16 and int8 layers hold plain tensors)."""
-    from omni_ros.policy.precision.bf16_linear import Bf16Linear
-    from omni_ros.policy.precision.int8_linear import Int8Linear
-
-    swapped = sum(
-        m.in_features * m.out_features + (0 if m.bias is None else m.bias.numel())
-        for m in model.modules()
-        if isinstance(m, (PackedLinear, Bf16Linear, Int8Linear))
-    )
-    return swapped + sum(p.numel() for p in model.parameters())
+    swapped, inside = 0, list[str]()
+    for name, m in model.named_modules():
+        if any(name.startswith(outer + ".") for outer in inside):
+            continue  # an emulation layer inside a swapped one is the same weights again
+        if getattr(m, "swapped_linear", False):
+            swapped += m.in_features * m.out_features + (0 if m.bias is None else m.bias.numel())
+            inside.append(name)
+    nested = {id(p) for outer in inside for p in model.get_submodule(outer).parameters()} if inside else set()
+    return swapped + sum(p.numel() for p in model.parameters() if id(p) not in nested)

@@ -12,13 +12,13 @@ family's model code knows about it. See choice.py for what `auto` picks and why.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from omni_ros.policy.linear_swap import float_cpu_linear, swap_linears
 from omni_ros.policy.precision.choice import (
     INT8_KERNELS,
     PRECISIONS,
@@ -65,30 +65,6 @@ def robot_side(name: str) -> bool:
     return name.rpartition(".")[2] in ROBOT_SIDE
 
 
-def _float_cpu_linear(m: nn.Module) -> bool:
-    return type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
-
-
-def swap_linears(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module]) -> int:
-    """Replace every float32 CPU `nn.Linear` of `model` by `make(name, linear)`, in place; returns how many.
-
-    One layer at a time, each dense weight let go before the next is made: holding them all to the end would
-    hold every dense weight beside its replacement (measured on the 3.2 B pi0: 1.87x the model).
-    """
-    from omni_ros.policy.layouts.weights import release_mapped_pages
-
-    names = [name for name, m in model.named_modules() if _float_cpu_linear(m)]
-    for name in names:
-        parent_name, _, leaf = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        linear = getattr(parent, leaf)
-        dense = linear.weight.detach()
-        setattr(parent, leaf, make(name, linear))
-        release_mapped_pages(dense)
-        del dense, linear
-    return len(names)
-
-
 def apply_precision(
     model: nn.Module,
     choice: PrecisionChoice,
@@ -109,7 +85,7 @@ def apply_precision(
         from omni_ros.policy.cpu_linear import pack_linears, packed_linear_available
 
         return AppliedPrecision(choice, pack_linears(model) if packed_linear_available() else 0)
-    if not any(_float_cpu_linear(m) for m in model.modules()):
+    if not any(float_cpu_linear(m) for m in model.modules()):
         return AppliedPrecision(choice, 0)  # a bfloat16 or GPU model: its dtype is its precision
     from omni_ros.policy.cpu_linear import PackedLinear, packed_linear_available
 

@@ -23,6 +23,8 @@ from omni_ros.policy.cpu_linear import PackedLinear, packed_linear_available
 class Bf16Linear(nn.Module):
     """`nn.Linear` computing in bfloat16 with float32 accumulation; float32 in, float32 out."""
 
+    swapped_linear = True  # its weight is no parameter: weight_count counts it
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features

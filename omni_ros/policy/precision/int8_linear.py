@@ -50,6 +50,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear(nn.Module):
     """`nn.Linear` as an int8 GEMM (weights per channel, activations per token); float32 in and out."""
 
+    swapped_linear = True  # its weight is no parameter: weight_count counts it
+
     def __init__(self, linear: nn.Linear, emulate: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
