@@ -106,6 +106,10 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
 
     data = yaml.safe_load(SIM_CONFIG.read_text())
     meta_cameras = json.loads((Path(args.checkpoint) / "config.json").read_text()).get("input_features", {})
+    state = meta_cameras.get("observation.state", {}).get("shape", [data["sim"]["n_joints"]])
+    if int(state[0]) != int(data["sim"]["n_joints"]):
+        # Said at once, not after a node fails to configure: the SO-101 publishes n_joints joint states.
+        return {"skipped": f"the checkpoint's state has {state[0]} dims, the SO-101 {data['sim']['n_joints']} joints"}
     cameras = [k.removeprefix("observation.images.") for k in meta_cameras if k.startswith("observation.images.")]
     sim_cameras = data["sim"]["cameras"]
     data["policy"] = {"checkpoint": str(Path(args.checkpoint).resolve()), "num_threads": 0}
