@@ -146,7 +146,7 @@ def export(stage: dict[str, Any], quantize: str, out: Path) -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from omni_ros.export.quantize import quantize_model
+    from omni_ros.policy.quantize import quantize_model
 
     model = quantize_model(build(stage["linears"]), quantize)
     example = model.example(stage["rows"])

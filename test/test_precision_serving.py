@@ -5,19 +5,17 @@ the real openpi-client, the policy node over DDS, and `omni-ros eval`. Each serv
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 import omni_ros.policy
-from omni_ros.config import CameraTopic
+from helpers.lerobot_arm import ARM, configure, harness_observation, synthetic_spec
+from helpers.lerobot_arm import observation as _obs
 from omni_ros.serving.config import ServeConfig
 from omni_ros.serving.server import ServerThread
 
-ARM = Path(__file__).parent / "fixtures" / "reference" / "pi0_arm"  # LeRobot pi0: cameras top, left_wrist; 6 joints
-JOINTS = [f"joint_{i}" for i in range(1, 7)]
 INT8_REL_L2 = 0.04  # the bound for int8 against float32
 INT8 = "int8 (onednn): policy.precision int8, emulated: no AVX512_VNNI, AVX_VNNI or AMX_INT8"  # conftest's AVX2 CPU
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.usefixtures("torch_one_thread")]
@@ -35,12 +33,6 @@ def fp32():
 @pytest.fixture(scope="module")
 def int8():
     return omni_ros.policy.load(ARM, precision="int8", int8_kernel="onednn", cpu_linear="packed")
-
-
-def _obs(seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    top, wrist = rng.integers(0, 256, (48, 64, 3), np.uint8), rng.integers(0, 256, (40, 30, 3), np.uint8)
-    return {"images": {"top": top, "left_wrist": wrist}, "state": rng.normal(size=6), "prompt": "Pick up the RED cube"}
 
 
 def test_the_bridge_serves_int8_to_openpi_client(int8, fp32):
@@ -62,22 +54,15 @@ def test_the_policy_node_runs_int8_over_dds_and_says_so(int8, fp32):
     from helpers.policy_harness import Harness
 
     def lerobot_arm(cfg) -> None:
-        cfg.policy.checkpoint, cfg.policy.preset = str(ARM), "tiny"
+        configure(cfg)
         cfg.policy.precision, cfg.policy.int8_kernel = "int8", "onednn"
-        cfg.robot.joint_names = list(JOINTS)
-        cfg.topics.cameras = [CameraTopic("top", "/camera/top/image_raw"), CameraTopic("left_wrist", "/camera/lw")]
 
     harness = Harness(configure=lerobot_arm).start(prompt="Pick up the RED cube")
     try:
         status = harness.wait_state("running", timeout=30)
         assert status.precision == INT8
         assert harness.wait_for(lambda: len(harness.chunks) >= 2, timeout=30)
-        frame = np.zeros((48, 48, 3), np.uint8)  # what the harness publishes, as the node assembles it
-        obs = {
-            "images": {"top": frame, "left_wrist": frame},
-            "state": 0.1 * np.arange(6),
-            "prompt": "Pick up the RED cube",
-        }
+        obs = harness_observation()
         actions = np.asarray(harness.chunks[-1].actions).reshape(10, 6)
         np.testing.assert_allclose(actions, int8.infer(obs)["actions"], rtol=0, atol=1e-5)
         assert _rel(actions, fp32.infer(obs)["actions"]) < INT8_REL_L2
@@ -88,17 +73,9 @@ def test_the_policy_node_runs_int8_over_dds_and_says_so(int8, fp32):
 def test_eval_replays_a_bag_with_int8(tmp_path):
     from omni_ros.eval.evaluate import evaluate
     from omni_ros.eval.schema import validate
-    from omni_ros.eval.synthetic import SyntheticSpec, write_synthetic_bag
+    from omni_ros.eval.synthetic import write_synthetic_bag
 
-    spec = SyntheticSpec(
-        duration_s=1.0,
-        joint_names=list(JOINTS),
-        cameras={"top": ("/cam/top", 10.0), "left_wrist": ("/cam/left_wrist", 10.0)},
-        offset=[0.1, -0.3, 0.5, 0.0, 0.2, -0.1],
-        slope=[0.5, 0.2, -0.1, 0.0, 0.1, 0.0],
-        amplitude=[0.0, 0.4, 0.3, 0.1, 0.0, 0.2],
-        omega=[0.0, 2.0, 3.0, 1.0, 0.0, 4.0],
-    )
+    spec = synthetic_spec()
     bag = write_synthetic_bag(tmp_path / "bag", spec)
     runs = {}
     for precision in ("fp32", "int8"):

@@ -19,7 +19,7 @@ from torch import nn
 
 from omni_ros.export.forms import use_export_forms
 from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
-from omni_ros.export.quantize import QUANTIZE, quantize_model
+from omni_ros.policy.quantize import QUANTIZE, quantize_model
 from omni_ros.export.report import delegation_report
 from omni_ros.export.rtc_step import NAME as GUIDED_STEP
 from omni_ros.export.rtc_step import GuidedStep, guided_signature

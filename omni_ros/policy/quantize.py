@@ -1,4 +1,5 @@
-"""Weight quantization recipes applied to the model before export (torchao source transforms).
+"""Weight quantization recipes (torchao source transforms): applied before export, and by the int8 XNNPACK kernels
+of `policy.precision` (omni_ros/policy/precision/xnnpack_linears.py).
 
     none          float32 weights and activations
     int8-dynamic  int8 weights per output channel, activations quantized to int8 per token at run time
