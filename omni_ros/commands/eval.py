@@ -34,6 +34,14 @@ def _config(args: argparse.Namespace, command: str = "omni-ros eval"):
     return config
 
 
+def _instant_args(config, args: argparse.Namespace) -> None:
+    """`--rate` / `--every`: when the inference instants fall (eval.rate_hz, eval.every_k_frames)."""
+    if args.rate is not None:
+        config.eval.rate_hz = args.rate
+    if args.every is not None:
+        config.eval.every_k_frames = args.every
+
+
 def run_dataset(args: argparse.Namespace) -> int:
     """`eval --dataset DIR`: a LeRobotDataset folder through the same offline evaluation, its `action` the truth."""
     from omni_ros.dataset.reader import DatasetFolder
@@ -45,10 +53,7 @@ def run_dataset(args: argparse.Namespace) -> int:
     if args.realtime or args.ray:
         raise ConfigError("--dataset is evaluated offline (no --realtime / --ray)")
     config = config_from_args(args)
-    if args.rate is not None:
-        config.eval.rate_hz = args.rate
-    if args.every is not None:
-        config.eval.every_k_frames = args.every
+    _instant_args(config, args)
     config = dataset_config(config, DatasetFolder(args.dataset))
     if args.prompt is not None:
         config.eval.prompt = args.prompt
@@ -66,10 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.bags:
         raise ConfigError("no bags given (or --dataset DIR)")
     config = _config(args)
-    if args.rate is not None:
-        config.eval.rate_hz = args.rate
-    if args.every is not None:
-        config.eval.every_k_frames = args.every
+    _instant_args(config, args)
     if args.prompt is not None:
         config.eval.prompt = args.prompt
     if args.ray and args.realtime:

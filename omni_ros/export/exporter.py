@@ -19,7 +19,6 @@ from torch import nn
 
 from omni_ros.export.forms import use_export_forms
 from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
-from omni_ros.policy.quantize import QUANTIZE, quantize_model
 from omni_ros.export.report import delegation_report
 from omni_ros.export.rtc_step import NAME as GUIDED_STEP
 from omni_ros.export.rtc_step import GuidedStep, guided_signature
@@ -27,6 +26,7 @@ from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_at
 from omni_ros.policy.families import stage_plan
 from omni_ros.policy.methods import StagePlan
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.quantize import QUANTIZE, quantize_model
 
 TARGETS = ("xnnpack", "qnn", "cuda", "onnx", "qnn-onnx")
 log = logging.getLogger(__name__)
