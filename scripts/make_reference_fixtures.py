@@ -8,6 +8,8 @@ pipeline (observation -> preprocessor -> predict_action_chunk(noise=...) -> post
 the raw robot observation, the noise, LeRobot's final actions and the intermediate tensors a loader needs to debug
 itself (preprocessed images, token ids and mask, normalized state, normalized actions, image embeddings, the first
 denoising velocity). The pi0 / pi0.5 weights are also re-saved the way openpi's PyTorch conversion writes them.
+Guided real-time chunking cases (rtc.json, `record_rtc`) run LeRobot's own RTCProcessor on the saved pi0 and
+SmolVLA folders: previous chunk, delay, horizons, noise, and LeRobot's guided and unguided actions.
 
 The sizes LeRobot hard-codes (Gemma variants, SigLIP so400m, projection width, the 257152-token vocabulary) are
 patched small so that everything committed stays well under 3 MB; every parameter is re-drawn from a fixed seed
@@ -15,6 +17,7 @@ patched small so that everything committed stays well under 3 MB; every paramete
 
     .venv-lerobot/bin/python scripts/make_reference_fixtures.py --out test/fixtures/reference
     .venv-lerobot/bin/python scripts/make_reference_fixtures.py --check   # regenerate elsewhere and compare
+    .venv-lerobot/bin/python scripts/make_reference_fixtures.py --rtc-only  # only the RTC cases, on saved folders
 """
 
 from __future__ import annotations
@@ -954,6 +957,241 @@ def _openpi_pi0_tokens(tok, prompt: str, max_len: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Guided real-time chunking: LeRobot's own RTCProcessor on the saved pi0 / SmolVLA fixtures
+# ----------------------------------------------------------------------------------------------------------------
+
+RTC_MANIFEST = "rtc.json"
+
+
+@dataclass
+class RtcCase:
+    """One guided-RTC request, in LeRobot's terms (`predict_action_chunk(..., inference_delay=,
+    prev_chunk_left_over=, execution_horizon=)` with `RTCConfig(prefix_attention_schedule, max_guidance_weight)`).
+
+    The previous chunk is LeRobot's own plain chunk for the same observation from `prev_noise_seed`; the robot has
+    executed `executed` of its actions, so LeRobot's action queue hands over `prev[executed:]` (normalized model
+    output, `ActionQueue.get_left_over`)."""
+
+    name: str
+    schedule: str  # RTCAttentionSchedule member name: EXP | LINEAR | ONES | ZEROS
+    max_guidance_weight: float
+    inference_delay: int
+    execution_horizon: int  # LeRobot's: the soft mask ends here (the paper's H - s), clipped to the leftover
+    executed: int
+    prev_noise_seed: int
+    noise_seed: int
+    note: str = ""
+
+
+# fixture -> (the case whose observation and prompt are reused, the RTC requests). Chunk 10 (pi0) and 8 (SmolVLA).
+RTC_SPECS: dict[str, tuple[str, list[RtcCase]]] = {
+    "pi0_3cam": (
+        "all_cameras",
+        [
+            RtcCase("exp", "EXP", 10.0, 2, 7, 3, 101, 102, note="LeRobot's default beta; leftover = execution horizon"),
+            RtcCase("linear_short_plan", "LINEAR", 5.0, 3, 8, 5, 103, 104, note="leftover (5) shorter than E (8)"),
+            RtcCase("ones_no_delay", "ONES", 1.0, 0, 10, 0, 105, 106, note="d = 0, the whole chunk weighed 1"),
+        ],
+    ),
+    "smolvla_3cam": (
+        "all_cameras",
+        [
+            RtcCase("exp", "EXP", 10.0, 2, 5, 2, 201, 202, note="leftover (6) longer than E (5)"),
+            RtcCase("zeros", "ZEROS", 4.0, 3, 6, 0, 203, 204, note="only the first d actions guided"),
+        ],
+    ),
+}
+
+
+def load_saved_policy(out: Path, name: str, family: str):
+    """A fixture policy as LeRobot loads a checkpoint folder: (policy, pre, post). Call inside chdir(folder)."""
+    folder = out / name
+    _, policy_cls, _ = policy_classes(family)
+    if family != "smolvla":
+        _LocalAutoTokenizer.folders[PALIGEMMA_TOKENIZER_NAME] = folder
+    with quiet():
+        policy = policy_cls.from_pretrained(str(folder))
+    assert_same_weights(load_file(str(folder / "model.safetensors")), policy, name)
+    policy.eval()
+    pre, post = policy_factory.make_pre_post_processors(policy.config, pretrained_path=str(folder))
+    return policy, pre, post
+
+
+def _normalized_chunk(policy, pre, obs: dict[str, np.ndarray], prompt: str, noise: torch.Tensor, **rtc) -> torch.Tensor:
+    """observation -> preprocessor -> predict_action_chunk(noise, **rtc): LeRobot's normalized (1, H, A) chunk."""
+    policy.reset()
+    frame = prepare_observation_for_inference(
+        {k: v.copy() for k, v in obs.items()}, torch.device("cpu"), task=prompt, robot_type=""
+    )
+    return policy.predict_action_chunk(pre(frame), noise=noise.clone(), **rtc).detach().float()
+
+
+@contextlib.contextmanager
+def model_jacobian_kept(policy):
+    """LeRobot 0.6.1's `RTCProcessor.denoise_step` calls the denoiser on x_t *before* `x_t.requires_grad_(True)`,
+    so autograd sees x1_t = x_t - t * v_t with v_t a constant: its "correction" is the weighted error itself, not
+    the paper's vector-Jacobian product through the model (kinetix's `jax.vjp(denoiser, x_t)`). This wraps the
+    model's `denoise_step` to switch requires_grad on its input first (a leaf, inside RTC's enable_grad), the one
+    change that gives LeRobot's RTC the paper's VJP; every other line of LeRobot's RTC runs unchanged."""
+    original = policy.model.denoise_step
+
+    def denoise_step(*args, **kwargs):
+        x_t = kwargs.get("x_t")
+        if torch.is_grad_enabled() and x_t is not None and x_t.is_leaf and not x_t.requires_grad:
+            x_t.requires_grad_(True)
+        return original(*args, **kwargs)
+
+    policy.model.denoise_step = denoise_step
+    try:
+        yield
+    finally:
+        del policy.model.denoise_step
+
+
+def _debug_steps(policy) -> list:
+    steps = policy.rtc_processor.get_all_debug_steps()
+    policy.rtc_processor.reset_tracker()
+    return steps
+
+
+def record_rtc(out: Path, threads: int) -> dict:
+    """Run every RTC_SPECS case through LeRobot on the saved fixture folders; write cases/<fixture>__rtc_<case>
+    .safetensors and return the rtc.json document. Reads only what `generate` wrote (folders and case files), so
+    `--rtc-only` adds these files to existing fixtures without touching them."""
+    from lerobot.configs import RTCAttentionSchedule
+    from lerobot.policies.rtc.configuration_rtc import RTCConfig
+
+    torch.set_num_threads(threads)
+    install_pi_patches()
+    PI_SIZES.vocab = len(paligemma_hf_tokenizer())
+    manifest = json.loads((out / "manifest.json").read_text())
+    entries: dict[str, dict] = {}
+    checks: dict[str, float] = {}
+    for name, (obs_case, rtc_cases) in RTC_SPECS.items():
+        info = manifest["fixtures"][name]
+        family, horizon = info["family"], info["chunk_size"]
+        obs_file = info["cases"][obs_case]["file"]
+        prompt = info["cases"][obs_case]["prompt"]
+        saved = load_file(str(out / obs_file))
+        obs = {k.removeprefix("observation/"): v.numpy() for k, v in saved.items() if k.startswith("observation/")}
+        with contextlib.chdir(out / name):
+            policy, pre, post = load_saved_policy(out, name, family)
+            # The saved fixture reproduces itself: these requests start from the very policy of the plain cases.
+            replay = post(_normalized_chunk(policy, pre, obs, prompt, saved["noise"]))
+            checks[f"{name}: plain chunk reloaded vs the {obs_case} case, max abs"] = float(
+                (replay - saved["actions"]).abs().max()
+            )
+            for case in rtc_cases:
+                policy.config.rtc_config = None
+                policy.init_rtc_processor()
+                prev_full = _normalized_chunk(policy, pre, obs, prompt, noise_for(policy, case.prev_noise_seed))
+                noise = noise_for(policy, case.noise_seed)
+                unguided = _normalized_chunk(policy, pre, obs, prompt, noise)
+                leftover = prev_full[0, case.executed :].clone()
+
+                policy.config.rtc_config = RTCConfig(
+                    prefix_attention_schedule=RTCAttentionSchedule[case.schedule],
+                    max_guidance_weight=case.max_guidance_weight,
+                    execution_horizon=case.execution_horizon,
+                    debug=True,
+                )
+                policy.init_rtc_processor()
+                request = dict(
+                    inference_delay=case.inference_delay,
+                    prev_chunk_left_over=leftover.clone(),
+                    execution_horizon=case.execution_horizon,
+                )
+                guided = _normalized_chunk(policy, pre, obs, prompt, noise, **request)
+                steps = _debug_steps(policy)
+                with model_jacobian_kept(policy):
+                    guided_vjp = _normalized_chunk(policy, pre, obs, prompt, noise, **request)
+                steps_vjp = _debug_steps(policy)
+                policy.config.rtc_config = None
+                policy.init_rtc_processor()
+
+                key = f"{name}__rtc_{case.name}"
+                checks[f"{key}: LeRobot correction - weighted error, max abs"] = max(
+                    float((s.correction - s.err).abs().max()) for s in steps
+                )
+                checks[f"{key}: same with the model's Jacobian kept, max abs"] = max(
+                    float((s.correction - s.err).abs().max()) for s in steps_vjp
+                )
+                tensors = {
+                    "noise": noise,
+                    "prev_actions": post(leftover[None].clone())[0].float().contiguous(),
+                    "actions_unguided": post(unguided.clone()).float().contiguous(),
+                    "actions_guided": post(guided.clone()).float().contiguous(),
+                    "actions_guided_vjp": post(guided_vjp.clone()).float().contiguous(),
+                    "debug/prev_chunk_left_over": leftover.contiguous(),
+                    "debug/actions_unguided_normalized": unguided.contiguous(),
+                    "debug/actions_guided_normalized": guided.contiguous(),
+                    "debug/actions_guided_vjp_normalized": guided_vjp.contiguous(),
+                    "debug/prefix_weights": steps[0].weights.reshape(-1).float().contiguous(),
+                    "debug/guidance_weights": torch.stack(
+                        [torch.as_tensor(s.guidance_weight, dtype=torch.float32) for s in steps]
+                    ).contiguous(),
+                }
+                fname = f"cases/{key}.safetensors"
+                save_file(tensors, str(out / fname))
+                end = min(case.execution_horizon, len(leftover))
+                entries[key] = {
+                    "file": fname,
+                    "fixture": name,
+                    "observation_from": obs_file,
+                    "prompt": prompt,
+                    "chunk_size": horizon,
+                    "num_steps": len(steps),
+                    "lerobot": {
+                        "prefix_attention_schedule": case.schedule,
+                        "max_guidance_weight": case.max_guidance_weight,
+                        "inference_delay": case.inference_delay,
+                        "execution_horizon": case.execution_horizon,
+                        "prev_chunk_left_over_rows": len(leftover),
+                    },
+                    "executed_before_request": case.executed,
+                    "soft_mask": {"start": min(case.inference_delay, end), "end": end},
+                    "omni_ros_request": {
+                        "prev_actions": "prev_actions (robot units)",
+                        "inference_delay": case.inference_delay,
+                        "execution_horizon": horizon - case.execution_horizon,
+                        "schedule": case.schedule.lower(),
+                        "max_guidance_weight": case.max_guidance_weight,
+                        "method": "guided",
+                    },
+                    "note": case.note,
+                    "tensors": describe(tensors),
+                }
+    return {
+        "format": 1,
+        "generator": {
+            "script": "scripts/make_reference_fixtures.py",
+            "lerobot": lerobot.__version__,
+            "torch": torch.__version__.split("+")[0],
+            "threads": threads,
+            "device": "cpu",
+            "dtype": "float32",
+        },
+        "pipeline": (
+            "<Policy>.from_pretrained(folder), config.rtc_config = RTCConfig(prefix_attention_schedule, "
+            "max_guidance_weight, execution_horizon, debug=True), init_rtc_processor(); observation -> preprocessor "
+            "-> predict_action_chunk(batch, noise=noise, inference_delay=d, prev_chunk_left_over=leftover, "
+            "execution_horizon=E) -> postprocessor. leftover = the normalized plain chunk of the same observation "
+            "for the previous noise, from row executed_before_request on (LeRobot's ActionQueue.get_left_over)."
+        ),
+        "tensors": {
+            "actions_guided": "LeRobot 0.6.1's RTC as shipped (its correction is the weighted error: see checks)",
+            "actions_guided_vjp": (
+                "the same with x_t requiring grad before the model call (model_jacobian_kept): the paper's VJP"
+            ),
+            "actions_unguided": "the same noise without RTC",
+            "prev_actions": "the leftover in robot units (postprocessor), what an omni_ros RtcRequest takes",
+        },
+        "checks": checks,
+        "cases": entries,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Checks and main
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -1083,6 +1321,11 @@ def main() -> int:
     parser.add_argument(
         "--check", action="store_true", help="regenerate into a temporary folder and compare with --out"
     )
+    parser.add_argument(
+        "--rtc-only",
+        action="store_true",
+        help=f"only (re)write the guided-RTC cases and {RTC_MANIFEST} from the fixture folders already in --out",
+    )
     args = parser.parse_args()
     if lerobot.__version__ != LEROBOT_VERSION:
         print(f"warning: LeRobot {lerobot.__version__}, the fixtures are defined against {LEROBOT_VERSION}")
@@ -1095,6 +1338,7 @@ def main() -> int:
             t0 = time.perf_counter()
             manifest = generate(fresh, args.threads)
             (fresh / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+            write_rtc(fresh, args.threads)
             if (target / "README.md").exists():
                 shutil.copyfile(target / "README.md", fresh / "README.md")
             worst, problems = compare_trees(target, fresh)
@@ -1103,13 +1347,29 @@ def main() -> int:
                 print(f"  differs: {p}")
             return 0 if not problems and worst == 0.0 else 1
     t0 = time.perf_counter()
-    print(f"writing reference fixtures to {target}", flush=True)
-    manifest = generate(target, args.threads)
-    (target / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    checks: dict[str, float] = {}
+    if not args.rtc_only:
+        print(f"writing reference fixtures to {target}", flush=True)
+        manifest = generate(target, args.threads)
+        (target / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        checks.update(manifest["checks"])
+    elif not (target / "manifest.json").exists():
+        sys.exit(f"--rtc-only: no fixtures at {target} (run without --rtc-only first)")
+    print(f"writing guided-RTC cases to {target}", flush=True)
+    checks.update(write_rtc(target, args.threads)["checks"])
     print(f"done in {time.perf_counter() - t0:.1f} s; {tree_size(target) / 1e6:.2f} MB in {target}")
-    for name, value in manifest["checks"].items():
+    for name, value in checks.items():
         print(f"  check {name}: {value:.3g}")
     return 0
+
+
+def write_rtc(out: Path, threads: int) -> dict:
+    """The RTC cases and their manifest, after the fixture folders exist (see `record_rtc`)."""
+    for old in (out / "cases").glob("*__rtc_*.safetensors"):
+        old.unlink()  # a renamed or dropped case must not linger
+    doc = record_rtc(out, threads)
+    (out / RTC_MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
 
 
 if __name__ == "__main__":
