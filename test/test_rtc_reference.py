@@ -100,9 +100,23 @@ def test_soft_mask_and_guidance_weights_match_lerobot(case):
     ours = prefix_weights(start, end, info["chunk_size"], request(case).schedule).numpy()
     np.testing.assert_allclose(ours, ref["debug/prefix_weights"], rtol=0, atol=WEIGHT_TOL)
     n = info["num_steps"]
-    t = torch.tensor([1.0 - i / n for i in range(n)], dtype=torch.float32)
+    t = torch.tensor([1.0 + i * (-1.0 / n) for i in range(n)], dtype=torch.float32)  # both samplers' time grid
     beta = info["lerobot"]["max_guidance_weight"]
     np.testing.assert_allclose(guidance_weight(t, beta).numpy(), ref["debug/guidance_weights"], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_old_plan_reaches_the_model_as_lerobots_normalized_leftover(case):
+    """Our prev_actions are robot units, LeRobot's prev_chunk_left_over normalized model output: the processor's
+    rtc_target must give LeRobot's leftover back, zero-padded to the chunk and the model's action width."""
+    pol = policy(RTC["cases"][case]["fixture"])
+    target = pol.processor.rtc_target(request(case), pol.processor.parse(observation(case)))
+    leftover = data(case)["debug/prev_chunk_left_over"]
+    rows, dims = leftover.shape
+    # A normalization round trip (x * std + mean, then back) in float32: a few ulps of values up to ~5.
+    np.testing.assert_allclose(target[:rows, :dims], leftover, rtol=0, atol=1e-5)
+    assert not target[rows:].any() and not target[:, dims:].any()
+    assert target.shape == (RTC["cases"][case]["chunk_size"], data(case)["noise"].shape[-1])
 
 
 @pytest.mark.parametrize("case", CASES)
