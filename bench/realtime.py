@@ -38,6 +38,7 @@ import yaml
 from common import cpu_facts, emit, listen, median_ms, ros_listener, stop
 
 ROOT = Path(__file__).resolve().parent.parent
+SO101_JOINTS = 6  # config/sim_so101.yaml's arm: the bench's SmolVLA is built with these state / action dims
 FOLDER = "smolvla_full"  # what scripts/lerobot_bench.py --policy smolvla writes
 SIM_CONFIG = ROOT / "config" / "sim_so101.yaml"
 
@@ -172,7 +173,9 @@ def ensure_checkpoint(args: argparse.Namespace) -> Path:
     if not (folder / "config.json").is_file():
         log(f"building the full-size SmolVLA with LeRobot in {folder} (once) ...")
         script = ROOT / "scripts" / "lerobot_bench.py"
+        # The SO-101's 6 joints in and out, so the live part can drive the simulator with this very folder.
         cmd = [args.lerobot_python, str(script), "--policy", "smolvla", "--out", str(work), "--runs", "1"]
+        cmd += ["--dims", f"{SO101_JOINTS}x{SO101_JOINTS}"]
         subprocess.run(cmd, check=True)
     return folder
 

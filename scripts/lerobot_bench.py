@@ -107,7 +107,10 @@ def name_for(policy: str) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def build(policy: str, out: Path, seed: int, camera_hw: tuple[int, int]) -> dict:
+def build(
+    policy: str, out: Path, seed: int, camera_hw: tuple[int, int], dims: tuple[int, int] = (STATE_DIM, ACTION_DIM)
+) -> dict:
+    state_dim, action_dim = dims
     import contextlib
     import shutil
 
@@ -124,10 +127,16 @@ def build(policy: str, out: Path, seed: int, camera_hw: tuple[int, int]) -> dict
     folder.mkdir(parents=True)
     h, w = camera_hw
     inputs = {k: PolicyFeature(type=FeatureType.VISUAL, shape=(3, h, w)) for k in CAMERAS}
-    inputs["observation.state"] = PolicyFeature(type=FeatureType.STATE, shape=(STATE_DIM,))
-    outputs = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(ACTION_DIM,))}
-    stats = ref.dataset_stats(seed + 1, 0, STATE_DIM, ACTION_DIM)
-    info: dict = {"policy": policy, "name": name, "seed": seed, "camera_hw": [h, w]}
+    inputs["observation.state"] = PolicyFeature(type=FeatureType.STATE, shape=(state_dim,))
+    outputs = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(action_dim,))}
+    stats = ref.dataset_stats(seed + 1, 0, state_dim, action_dim)
+    info: dict = {
+        "policy": policy,
+        "name": name,
+        "seed": seed,
+        "camera_hw": [h, w],
+        "dims_state_action": [state_dim, action_dim],
+    }
 
     t0 = time.perf_counter()
     with contextlib.chdir(folder) if policy == "smolvla" else contextlib.nullcontext():
@@ -204,7 +213,7 @@ def build(policy: str, out: Path, seed: int, camera_hw: tuple[int, int]) -> dict
     tensors = {k: torch.from_numpy(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)) for k in CAMERAS}
     s = stats["observation.state"]
     tensors["observation.state"] = torch.from_numpy(
-        (s["mean"] + s["std"] * rng.normal(0.0, 1.0, STATE_DIM)).astype(np.float32)
+        (s["mean"] + s["std"] * rng.normal(0.0, 1.0, state_dim)).astype(np.float32)
     )
     gen = torch.Generator().manual_seed(seed + 3)
     tensors["noise"] = torch.randn((1, config.chunk_size, config.max_action_dim), generator=gen)
@@ -390,6 +399,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="weights / inputs seed")
     parser.add_argument("--camera-size", default="480x640", help="raw camera frames HxW (default 480x640)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the policy even if OUT holds it")
+    parser.add_argument(
+        "--dims",
+        default=f"{STATE_DIM}x{ACTION_DIM}",
+        help=f"state x action dims (default {STATE_DIM}x{ACTION_DIM}; 6x6 is the SO-101 arm of bench/realtime.py)",
+    )
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     if args.threads < 1 or args.runs < 1 or args.warmup < 1:
@@ -405,11 +419,12 @@ def main() -> int:
     h, w = (int(x) for x in args.camera_size.lower().split("x"))
     name = name_for(args.policy)
     meta_path = out / f"{name}_inputs.json"
-    want = {"seed": args.seed, "camera_hw": [h, w]}
+    dims = tuple(int(x) for x in args.dims.lower().split("x"))
+    want = {"seed": args.seed, "camera_hw": [h, w], "dims_state_action": list(dims)}
     have = json.loads(meta_path.read_text())["build"] if meta_path.exists() else None
     out.mkdir(parents=True, exist_ok=True)
     if args.rebuild or have is None or any(have.get(k) != v for k, v in want.items()):
-        build(args.policy, out, args.seed, (h, w))
+        build(args.policy, out, args.seed, (h, w), (dims[0], dims[1]))
     else:
         log(f"[build] reusing {out / name} (seed {args.seed}, cameras {h}x{w})")
 

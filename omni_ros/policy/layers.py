@@ -95,8 +95,27 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(mask, torch.zeros((), dtype=dtype), torch.full((), -1e30, dtype=dtype))
 
 
+AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The eager attention kernel: q (B, H, Tq, D), k/v (B, KV, Tk, D), boolean mask -> (B, H, Tq, D).
+
+    Modules that attend hold their kernel as `attention_kernel` (this one by default), so a precision can swap
+    in another from outside the model (omni_ros/policy/precision/attention.py), as it swaps linears.
+    """
+    # Grouped-query attention in the kernel: K/V are read per group, not copied per query head
+    # (repeat_interleave cost 0.6 ms of 3.5 per pi0 edge denoise attention, measured).
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, export_form: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    export_form: bool = False,
+    kernel: AttentionKernel = sdpa,
 ) -> torch.Tensor:
     """q (B, H, Tq, D), k/v (B, KV, Tk, D), mask (B, 1, Tq, Tk) -> (B, Tq, H*D).
 
@@ -104,10 +123,7 @@ def attention(
     """
     if export_form:
         return bmm_attention(q, k, v, mask)
-    # Grouped-query attention in the kernel: K/V are read per group, not copied per query head
-    # (repeat_interleave cost 0.6 ms of 3.5 per pi0 edge denoise attention, measured).
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
-    return out.transpose(1, 2).flatten(2)
+    return kernel(q, k, v, mask).transpose(1, 2).flatten(2)
 
 
 def bmm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

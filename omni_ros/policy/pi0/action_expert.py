@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.policy.layers import additive_mask, attention, rope_cos_sin
+from omni_ros.policy.layers import AttentionKernel, additive_mask, attention, rope_cos_sin, sdpa
 from omni_ros.policy.pi0.backbone import KVCache
 from omni_ros.policy.pi0.configuration import ModelConfig
 from omni_ros.policy.pi0.gemma import AdaptiveDecoderLayer, AdaRMSNorm, DecoderLayer, RMSNorm
@@ -98,6 +98,7 @@ class ActionExpert(nn.Module):
     """pi0's expert."""
 
     export_form = False
+    attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
     # Suffix tokens before the action tokens (the state token).
     state_tokens = 1
 
@@ -166,7 +167,7 @@ class ActionExpert(nn.Module):
         for layer, source in zip(cast(Iterable[DecoderLayer], self.layers), self.layer_map, strict=True):
             q, k, v = layer.qkv(x, cos, sin)
             keys, values = with_prefix(cache, source, k, v)
-            x = layer.finish(x, attention(q, keys, values, mask, self.export_form))
+            x = layer.finish(x, attention(q, keys, values, mask, self.export_form, self.attention_kernel))
         return self.final_norm(x)
 
 
@@ -174,6 +175,7 @@ class Pi05ActionExpert(nn.Module):
     """pi0.5's expert: adaRMS time conditioning, gated residuals, no state token."""
 
     export_form = False
+    attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
     state_tokens = 0
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -218,7 +220,9 @@ class Pi05ActionExpert(nn.Module):
         for layer, source in zip(cast(Iterable[AdaptiveDecoderLayer], self.layers), self.layer_map, strict=True):
             q, k, v, gate = layer.qkv_gated(x, cos, sin, cond)
             keys, values = with_prefix(cache, source, k, v)
-            x = layer.finish_gated(x, attention(q, keys, values, mask, self.export_form), gate, cond)
+            x = layer.finish_gated(
+                x, attention(q, keys, values, mask, self.export_form, self.attention_kernel), gate, cond
+            )
         return self.final_norm(x, cond)[0]
 
 

@@ -15,7 +15,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from omni_ros.policy.layers import additive_mask, attention, rope_cos_sin
+from omni_ros.policy.layers import AttentionKernel, additive_mask, attention, rope_cos_sin, sdpa
 from omni_ros.policy.pi0.configuration import TransformerConfig
 from omni_ros.policy.pi0.gemma import DecoderLayer
 
@@ -24,6 +24,7 @@ KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (B, kv_heads, P,
 
 class Backbone(nn.Module):
     export_form = False
+    attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
 
     def __init__(
         self, cfg: TransformerConfig, vocab_size: int, eps: float, rope_theta: float, approximate: str = "none"
@@ -56,5 +57,5 @@ class Backbone(nn.Module):
             # Only the keys/values are consumed downstream: the last layer's
             # attention output and MLP would be dead work.
             if i < last:
-                x = layer.finish(x, attention(q, k, v, attn_mask, self.export_form))
+                x = layer.finish(x, attention(q, k, v, attn_mask, self.export_form, self.attention_kernel))
         return cache

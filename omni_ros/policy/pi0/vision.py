@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.policy.layers import attention, gelu, layer_norm
+from omni_ros.policy.layers import AttentionKernel, attention, gelu, layer_norm, sdpa
 from omni_ros.policy.pi0.configuration import VisionConfig
 
 
@@ -25,6 +25,7 @@ class VitShape(Protocol):
 
 class VitBlock(nn.Module):
     export_form = False
+    attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
 
     def __init__(self, cfg: VitShape, approximate: str = "none") -> None:
         super().__init__()
@@ -47,7 +48,7 @@ class VitBlock(nn.Module):
             x = x + self.proj(attention(q, k, v, None, export_form=True))
             return x + self.fc2(gelu(self.fc1(layer_norm(self.norm2, x, True)), self.approximate, True))
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.num_heads, w // self.num_heads).permute(2, 0, 3, 1, 4)
-        x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, w))
+        x = x + self.proj(self.attention_kernel(q, k, v, None).transpose(1, 2).reshape(b, n, w))
         return x + self.fc2(gelu(self.fc1(self.norm2(x)), self.approximate))
 
 

@@ -53,6 +53,7 @@ class AppliedPrecision:
     choice: PrecisionChoice
     linears: int
     cache: Path | None = None
+    attention: str = "fp32"  # the attention kernel's dtype (bf16 where the CPU has the instructions)
 
 
 # The layers between the model and the robot's numbers (state in, actions in and out, the flow time's MLP) stay
@@ -94,13 +95,16 @@ def apply_precision(
     def float32(linear: nn.Linear) -> nn.Module:
         return PackedLinear(linear) if packed else linear
 
+    from omni_ros.policy.precision.shared_input import SharedInput
+
+    shared = SharedInput()  # one conversion per input tensor for all of this model's bf16 / int8 linears
     if choice.precision == "bf16":
         from omni_ros.policy.precision.bf16_linear import Bf16Linear
 
         def make_bf16(name: str, linear: nn.Linear) -> nn.Module:
-            return float32(linear) if robot_side(name) else Bf16Linear(linear)
+            return float32(linear) if robot_side(name) else Bf16Linear(linear, shared)
 
-        return AppliedPrecision(choice, swap_linears(model, make_bf16))
+        return AppliedPrecision(choice, swap_linears(model, make_bf16), attention=_attention(model))
     from omni_ros.policy.precision.int8_linear import Int8Linear
 
     kept: dict[str, tuple[nn.Linear, Int8Linear]] = {}
@@ -109,7 +113,7 @@ def apply_precision(
         if robot_side(name):
             return float32(linear)
         # oneDNN's int8 GEMM without an int8 dot product: the same operands through a float32 GEMM.
-        layer = Int8Linear(linear, emulate=choice.kernel == "onednn" and not choice.native)
+        layer = Int8Linear(linear, emulate=choice.kernel == "onednn" and not choice.native, shared=shared)
         if choice.kernel == "xnnpack":
             kept[name] = (linear, layer)  # the float weights are what the XNNPACK program is built from
         return layer
@@ -124,4 +128,14 @@ def apply_precision(
         root = cache_root(str(cache_dir) if cache_dir else None)
         threads = num_threads or torch.get_num_threads()
         folder = attach_xnnpack(kept, cache_root=root, label=label, cpu=detect(), num_threads=threads)
-    return AppliedPrecision(choice, count, folder)
+    return AppliedPrecision(choice, count, folder, attention=_attention(model))
+
+
+def _attention(model: nn.Module) -> str:
+    """bf16 attention for a bf16 / int8 model on a CPU with native bf16 (attention.py says why); else fp32."""
+    from omni_ros.policy.precision.attention import bf16_sdpa, native_bf16, use_attention_kernel
+
+    if not native_bf16():
+        return "fp32"
+    use_attention_kernel(model, bf16_sdpa)
+    return "bf16"

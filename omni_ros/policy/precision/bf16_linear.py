@@ -18,6 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.cpu_linear import PackedLinear, packed_linear_available
+from omni_ros.policy.precision.shared_input import SharedInput
+
+
+def _to_bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16)
 
 
 class Bf16Linear(nn.Module):
@@ -25,8 +30,9 @@ class Bf16Linear(nn.Module):
 
     swapped_linear = True  # its weight is no parameter: weight_count counts it
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, shared: SharedInput | None = None) -> None:
         super().__init__()
+        self.shared = shared  # the bfloat16 input, shared with the model's other bf16 linears
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().to(torch.bfloat16)
         self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
@@ -48,10 +54,10 @@ class Bf16Linear(nn.Module):
         return self.weight.to_dense() if self.packed else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xb = x.to(torch.bfloat16)
         if torch.is_grad_enabled() and x.requires_grad:
             # Guided RTC differentiates through a denoising step: the plain bf16 product has a gradient.
-            return F.linear(xb, self.dense_weight(), self.bias).to(x.dtype)
+            return F.linear(x.to(torch.bfloat16), self.dense_weight(), self.bias).to(x.dtype)
+        xb = x.to(torch.bfloat16) if self.shared is None else self.shared.get(x, _to_bf16)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(xb, self.weight, self.bias, "none", [], "").to(x.dtype)
         # Emulated: exact bf16 x bf16 products summed in float32, the result rounded to bf16 as the kernel does.

@@ -7,8 +7,13 @@ token's resolution (per tensor, the committed fixtures' actions were up to 3.3% 
 
 Two kernels run the product, chosen per CPU (omni_ros/policy/precision/choice.py `int8_kernel_for`):
 
-- `onednn`: torch's `_int_mm` (oneDNN: AMX_INT8 tiles or VNNI dot products). On a CPU without an int8 dot
-  product `_int_mm` has no fast path (45x slower than float32 at pi0 edge's vision shapes on an AVX2 EPYC,
+- `onednn`: oneDNN's int8 linear (`onednn::qlinear_pointwise`: AMX_INT8 tiles or VNNI dot products) on a
+  weight reordered once at load into oneDNN's blocked layout, with a float32 output. The kernel takes one
+  activation scale per call, so it runs with scale 1 and the per-token scales multiply its float32 output
+  (one pass over the output: on an AMX Xeon this was still 1.6x faster than torch's `_int_mm`, which re-reads
+  a plain weight each call, and 1.3-1.8x the packed bf16 GEMM at pi0's shapes; scratch measurements written up
+  in docs/precision.md). Where the build has no such kernel, `_int_mm`. On a CPU without an int8 dot
+  product neither has a fast path (45x slower than float32 at pi0 edge's vision shapes on an AVX2 EPYC,
   bench/gemm_kernels.py), so there (`emulate=True`) the same quantized operands go through a float32 GEMM:
   the dequantized activations times the dequantized weight, packed for oneDNN, which is the int8 product
   scaled back up to float32 rounding of the sums;
@@ -29,8 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_ros.policy.precision.shared_input import SharedInput
+
 # A row (or weight channel) of zeros quantizes with this scale instead of 0/0.
 _TINY = 1e-12
+
+
+def qlinear_available() -> bool:
+    """Whether this torch build has oneDNN's int8 linear (x86 builds with mkldnn do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack")
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +54,9 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(M, K) float32 -> int8 (M, K) and scales (M, 1), symmetric per row."""
-    scale = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1, keepdim=True).div_(127.0).clamp_min_(_TINY)
+    # abs().amax(): 5x faster than linalg.vector_norm(ord=inf) at pi0 edge's shapes, which had cost as much
+    # as the int8 GEMMs themselves (torch 2.13, one thread).
+    scale = x.abs().amax(dim=-1, keepdim=True).div_(127.0).clamp_min_(_TINY)
     # |x / scale| <= 127 by construction: no clamp needed before the cast.
     return torch.div(x, scale).round_().to(torch.int8), scale
 
@@ -52,8 +66,9 @@ class Int8Linear(nn.Module):
 
     swapped_linear = True  # its weight is no parameter: weight_count counts it
 
-    def __init__(self, linear: nn.Linear, emulate: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, emulate: bool = False, shared: SharedInput | None = None) -> None:
         super().__init__()
+        self.shared = shared  # the quantized input, shared with the model's other int8 linears
         self.in_features, self.out_features = linear.in_features, linear.out_features
         qweight, self.weight_scale = quantize_weight(linear.weight)
         # (in, out) contiguous: the layout `_int_mm` reads without a copy.
@@ -65,6 +80,7 @@ class Int8Linear(nn.Module):
         self.program_owner: Any = None  # the ExecuTorch program the method belongs to (kept alive with it)
         self.program_lock: Any = None  # an ExecuTorch method is not reentrant
         self.kernel = "onednn"
+        self.packed: Any = None  # oneDNN's reordered int8 weight (native int8 CPUs)
         self.emulated: nn.Module | None = None
         if emulate:
             from omni_ros.policy.cpu_linear import PackedLinear, packed_linear_available
@@ -76,6 +92,10 @@ class Int8Linear(nn.Module):
                     dequantized.bias.copy_(self.bias)
             self.emulated = PackedLinear(dequantized) if packed_linear_available() else dequantized
             self.kernel = "emulated"
+        elif qlinear_available():
+            self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
+            # The kernel wants per-channel zero points even for a symmetric weight.
+            self.zero_points = torch.zeros(self.out_features, dtype=torch.long)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -89,18 +109,29 @@ class Int8Linear(nn.Module):
         if torch.is_grad_enabled() and x.requires_grad:
             return F.linear(x, self.dequantized_weight().to(x.dtype), None if self.bias is None else self.bias)
         lead = x.shape[:-1]
-        rows = x.reshape(-1, self.in_features).float()
         if self.program is not None:
-            out = self._xnnpack(rows)
-        elif self.emulated is not None:
-            q, scale = quantize_rows(rows)
-            out = self.emulated(q.float().mul_(scale))
+            out = self._xnnpack(x.reshape(-1, self.in_features).float())
         else:
-            out = self._onednn(rows)
+            q, scale = self._quantized(x)
+            out = self.emulated(q.float().mul_(scale)) if self.emulated is not None else self._onednn(q, scale)
         return out.reshape(*lead, self.out_features).to(x.dtype)
 
-    def _onednn(self, rows: torch.Tensor) -> torch.Tensor:
-        q, scale = quantize_rows(rows)
+    def _quantized(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def convert(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return quantize_rows(t.reshape(-1, self.in_features).float())
+
+        return convert(x) if self.shared is None else self.shared.get(x, convert)
+
+    def _onednn(self, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            # int32 sums x channel scale -> float32 inside the kernel; the row scale (and bias) outside it.
+            out = torch.ops.onednn.qlinear_pointwise(
+                q, 1.0, 0, self.packed, self.weight_scale, self.zero_points, None, 1.0, 0, torch.float32,
+                "none", [None], "",
+            )  # fmt: skip
+            # In place: a fresh output-sized tensor costs more than the pass (page faults on this size).
+            out.mul_(scale)
+            return out if self.bias is None else out.add_(self.bias)
         acc = torch._int_mm(q, self.qweight_t)
         # Two passes over the output: int32 x row scale -> float32, then x channel scale (+ bias).
         out = torch.mul(acc, scale)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.layers import RotaryTable, additive_mask, apply_rope, attention
+from omni_ros.policy.layers import AttentionKernel, RotaryTable, additive_mask, apply_rope, attention, sdpa
 from omni_ros.policy.pi0.action_expert import suffix_attention_mask, suffix_positions, time_embedding
 from omni_ros.policy.sampler import euler_sample
 from omni_ros.policy.smolvla.configuration import SmolVLAConfig
@@ -45,6 +45,7 @@ class TextModel(nn.Module):
     the cached keys and values reach the actions)."""
 
     export_form = False
+    attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
 
     def __init__(self, cfg: SmolVLAConfig) -> None:
         super().__init__()
@@ -74,7 +75,7 @@ class TextModel(nn.Module):
                 out[i] = (k, v)
             # Layers past the last one read, and the last one's attention and MLP, would be dead work.
             if i < last:
-                x = layer.finish(x, attention(q, k, v, attn_mask, self.export_form))
+                x = layer.finish(x, attention(q, k, v, attn_mask, self.export_form, self.attention_kernel))
         return out
 
 
@@ -89,6 +90,7 @@ def prefix_attention_mask(mask: torch.Tensor) -> torch.Tensor:
 
 class ActionExpert(nn.Module):
     export_form = False
+    attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
 
     def __init__(self, cfg: SmolVLAConfig) -> None:
         super().__init__()
@@ -159,7 +161,7 @@ class ActionExpert(nn.Module):
                 hidden = layer.input_norm(x)
                 q = layer.q_proj(hidden).view(b, h, layer.num_heads, d).transpose(1, 2)
                 q, mask = apply_rope(q, *cross_rope), cross_mask
-            x = layer.finish(x, attention(q, keys, values, mask, self.export_form))
+            x = layer.finish(x, attention(q, keys, values, mask, self.export_form, self.attention_kernel))
         return self.action_out_proj(self.norm(x))
 
 

@@ -1,0 +1,41 @@
+"""bfloat16 attention inside a float32 model: the kernel a bf16 or int8 precision swaps into the attending modules.
+
+After the GEMMs moved to bf16 / int8, attention was the largest single cost of pi0 edge (29% of a bf16
+inference at one thread on an AMX Xeon). torch's CPU flash attention in bfloat16 (AMX / AVX512_BF16 dot
+products, float32 softmax statistics) ran the prefix attention 2.1x and the vision tower's 1.5x faster than
+in float32, 0.38% relative error per call (scratch measurements, docs/precision.md). q, k and v are rounded
+to bfloat16 and the result comes back as float32, so the rest of the model is untouched; under autograd
+(guided RTC) the float32 kernel runs, as the int8 linears fall back to float products there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from omni_ros.policy.layers import AttentionKernel, sdpa
+
+
+def bf16_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """`layers.sdpa` with q, k, v in bfloat16; float32 out."""
+    if torch.is_grad_enabled() and q.requires_grad:
+        return sdpa(q, k, v, mask)
+    bf16 = torch.bfloat16
+    return sdpa(q.to(bf16), k.to(bf16), v.to(bf16), mask).to(q.dtype)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512_BF16 / AMX); without it bf16 attention is slower."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def use_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> int:
+    """Set `kernel` on every module of `model` that attends (has an `attention_kernel`); returns how many."""
+    count = 0
+    for module in model.modules():
+        if hasattr(type(module), "attention_kernel"):
+            cast(Any, module).attention_kernel = kernel  # an instance attribute: not bound as a method
+            count += 1
+    return count
