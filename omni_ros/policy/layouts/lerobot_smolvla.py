@@ -267,8 +267,7 @@ def read_smolvla(path: Path, config: dict, tokenizer: Any) -> Checkpoint:
     given = tokenizer
     if given is None and in_folder(path) is None and vlm_folder is not None and in_folder(vlm_folder):
         given = vlm_folder  # a local SmolVLM folder brings its own tokenizer
-    # SmolVLM's embedding may have more rows than its tokenizer has tokens; only ids past its end are wrong.
-    found, origin, tok_cfg = find_tokenizer(path, given, vlm_name, vocab, exact=False)
+    found, origin, tok_cfg = find_tokenizer(path, given, vlm_name, vocab)
     tok_cfg.max_tokens = int(config.get("tokenizer_max_length") or 48)
     try:
         model = SmolVLAConfig(
