@@ -41,10 +41,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
-from torch import nn  # noqa: E402
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "test" / "fixtures" / "reference"
@@ -472,7 +472,9 @@ def verify_migrated(out: Path) -> int:
                 if not info["migrate_check"]:
                     continue
                 data = load_file(str(out / info["file"]))
-                obs = {k.removeprefix("observation/"): v.numpy() for k, v in data.items() if k.startswith("observation/")}
+                obs = {
+                    k.removeprefix("observation/"): v.numpy() for k, v in data.items() if k.startswith("observation/")
+                }
                 tensors, _, _ = ref.run_case(policy, pre, post, family, obs, info["prompt"], data["noise"])
                 file = f"cases/{name}_migrated__{case}.safetensors"
                 save_file({"actions": tensors["actions"].contiguous()}, str(out / file))

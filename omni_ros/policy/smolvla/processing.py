@@ -40,6 +40,8 @@ class SmolVLAProcessor(ChunkProcessor[SmolVLAConfig]):
         """Token ids of the prompt as LeRobot's SmolVLA writes it (a trailing newline), the last max_tokens kept."""
         tok: Any = self.tokenizer
         ids = tok.ids(prompt if prompt.endswith("\n") else prompt + "\n")
+        if self.cfg.lerobot_era == "0.3":
+            return ids  # LeRobot 0.3 passed max_length without truncation: a longer prompt stays whole
         return ids[-self.cfg.tokenizer.max_tokens :]
 
     def inputs(
