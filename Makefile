@@ -28,7 +28,7 @@ LEROBOT_VENV ?= .venv-lerobot
 # Checkpoints saved before LeRobot 0.4 (statistics inside the weights) come from LeRobot 0.3.3 in a venv of its own.
 LEROBOT03_VENV ?= .venv-lerobot03
 
-reference-fixtures:
+reference-fixtures: setup
 	LEROBOT_VENV=$(LEROBOT_VENV) bash scripts/lerobot_venv.sh
 	$(LEROBOT_VENV)/bin/python scripts/make_reference_fixtures.py --out test/fixtures/reference
 	$(LEROBOT_VENV)/bin/python scripts/make_dataset_fixtures.py --out test/fixtures/dataset
