@@ -246,3 +246,13 @@ def test_a_bad_checkpoint_leaves_the_bridge_serving(tmp_path):
         after = client.infer({**obs, "noise": data["noise"][0]})["actions"]
     np.testing.assert_allclose(before, data["actions"][0], rtol=0, atol=TOL)
     np.testing.assert_array_equal(before, after)
+
+
+def test_checkpoint_migrate_command(tmp_path, capsys):
+    from omni_ros.cli import main
+
+    assert main(["checkpoint", "migrate", str(LEGACY / "smolvla_legacy"), "--out", str(tmp_path / "new")]) == 0
+    out = capsys.readouterr().out
+    assert "migrated smolvla" in out and "policy_postprocessor_step_0_unnormalizer_processor.safetensors" in out
+    assert main(["checkpoint", "migrate", str(LEGACY / "smolvla_legacy"), "--out", str(tmp_path / "new")]) == 2
+    assert "exists (--force replaces it)" in capsys.readouterr().err
