@@ -25,8 +25,16 @@ lint: setup
 # reads from `omni-ros dataset export` (plus a tiny dataset LeRobot wrote) for the dataset tests. LeRobot lives
 # in its own venv (Python 3.12, never the product venv); the fixtures are committed, so only regenerating needs it.
 LEROBOT_VENV ?= .venv-lerobot
+# Checkpoints saved before LeRobot 0.4 (statistics inside the weights) come from LeRobot 0.3.3 in a venv of its own.
+LEROBOT03_VENV ?= .venv-lerobot03
 
-reference-fixtures:
+reference-fixtures: setup
 	LEROBOT_VENV=$(LEROBOT_VENV) bash scripts/lerobot_venv.sh
 	$(LEROBOT_VENV)/bin/python scripts/make_reference_fixtures.py --out test/fixtures/reference
 	$(LEROBOT_VENV)/bin/python scripts/make_dataset_fixtures.py --out test/fixtures/dataset
+	LEROBOT03_VENV=$(LEROBOT03_VENV) bash scripts/lerobot03_venv.sh
+	$(LEROBOT03_VENV)/bin/python scripts/make_legacy_fixtures.py --out test/fixtures/legacy
+	for f in pi0_legacy smolvla_legacy; do \
+		$(VENV)/bin/omni-ros checkpoint migrate test/fixtures/legacy/$$f --out test/fixtures/legacy/$${f}_migrated --force; \
+	done
+	$(LEROBOT_VENV)/bin/python scripts/make_legacy_fixtures.py --verify-migrated test/fixtures/legacy

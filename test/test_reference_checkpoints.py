@@ -184,13 +184,54 @@ def test_missing_processor_statistics(tmp_path):
         omni_ros.policy.load(folder)
 
 
-def test_a_tokenizer_smaller_than_the_embedding(tmp_path):
+def test_a_tokenizer_smaller_than_the_embedding_is_accepted(tmp_path):
+    # Models pad the embedding past the tokenizer (Qwen2.5: 151,665 tokens, 151,936 rows): a smaller
+    # tokenizer can never emit an id out of range. Dropping tokens from the end of the fixture's own tokenizer
+    # leaves the prompt's ids unchanged, so the actions stay LeRobot's.
+    data = json.loads(TOKENIZER.read_text())
+    vocab = data["model"]["vocab"]
+    used = set(tensors("pi0_3cam", "all_cameras")["debug/tokens"][0].tolist())
+    top = max(vocab.values())
+    dropped = [t for t, i in vocab.items() if i > top - 5 and i not in used]
+    assert dropped, "the fixture tokenizer's last ids are all used by the prompt"
+    for token in dropped:
+        del vocab[token]
+    data["model"]["merges"] = [
+        m for m in data["model"]["merges"] if "".join(m if isinstance(m, list) else m.split(" ")) not in dropped
+    ]
+    small = tmp_path / "small" / "tokenizer.json"
+    small.parent.mkdir()
+    small.write_text(json.dumps(data))
+    loaded = omni_ros.policy.load(REFERENCE / "pi0_3cam", tokenizer=small)
+    assert loaded.processor.tokenizer.id_bound < 378
+    data_case = tensors("pi0_3cam", "all_cameras")
+    out = loaded.infer(observation("pi0_3cam", "all_cameras"), noise=data_case["noise"][0])["actions"]
+    np.testing.assert_allclose(out, data_case["actions"][0], rtol=0, atol=TOL)
+
+
+def test_a_tokenizer_with_ids_past_the_embedding_is_refused(tmp_path):
     from tokenizers import Tokenizer, models
 
-    small = tmp_path / "small.json"
-    Tokenizer(models.WordLevel({"<pad>": 0, "<unk>": 1, "go": 2}, unk_token="<unk>")).save(str(small))
-    with pytest.raises(CheckpointError, match="has 3 tokens for a token embedding of 378 rows"):
-        omni_ros.policy.load(REFERENCE / "pi0_3cam", tokenizer=small)
+    big = tmp_path / "big.json"
+    Tokenizer(models.WordLevel({"<pad>": 0, "<unk>": 1, "go": 400}, unk_token="<unk>")).save(str(big))
+    with pytest.raises(
+        CheckpointError, match=r"can emit ids up to 400, past the end of the token embedding \(378 rows\)"
+    ):
+        omni_ros.policy.load(REFERENCE / "pi0_3cam", tokenizer=big)
+
+
+def test_a_tokenizer_folder_named_relative_to_the_checkpoint(tmp_path):
+    # LeRobot's newer save_artifacts writes tokenizer_name "tokenizer": a folder inside the checkpoint.
+    folder = _copy(tmp_path)
+    (folder / "tokenizer").mkdir()
+    shutil.move(folder / "tokenizer.json", folder / "tokenizer" / "tokenizer.json")
+    pre = json.loads((folder / "policy_preprocessor.json").read_text())
+    for step in pre["steps"]:
+        if step.get("registry_name") == "tokenizer_processor":
+            step["config"]["tokenizer_name"] = "tokenizer"
+    (folder / "policy_preprocessor.json").write_text(json.dumps(pre))
+    loaded = omni_ros.policy.load(folder)
+    assert loaded.processor.tokenizer.path == folder / "tokenizer" / "tokenizer.json"
 
 
 def test_no_tokenizer_says_which_file_to_put_where(tmp_path, monkeypatch):

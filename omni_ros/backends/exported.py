@@ -65,7 +65,7 @@ def staged_sampler(
             return guided_call(x, per_token_times(t, horizon, per_token), target, weights, weight)
 
         if rtc is None or rtc.target is None:  # (runners refuse a plan without its target before sampling)
-            return euler_sample(denoise, noise, num_steps)
+            return euler_sample(denoise, noise, num_steps, getattr(cfg, "euler_time", "exact"))
         # An exported guided step is the only gradient here: there is no eager autograd to fall back on.
         clean = getattr(cfg, "rtc_max_delay", 0) > 0
         step = guided_step if guided else None

@@ -31,8 +31,12 @@ def _load(args: argparse.Namespace):
 def describe(checkpoint) -> dict:
     """What `policy info` reports of a checkpoint read by its layout adapter (family-agnostic fields)."""
     cfg, stats = checkpoint.config, checkpoint.norm_stats
+    era = checkpoint.extra.get("lerobot_era")
     return {
         "layout": checkpoint.layout,
+        # Which LeRobot wrote a LeRobot folder: ">=0.4" (processor files) or "<=0.3" (statistics in the weights,
+        # served with LeRobot 0.3's preprocessing).
+        "lerobot_era": era,
         "family": checkpoint.family + (f" ({cfg.variant})" if getattr(cfg, "variant", None) else ""),
         "cameras": list(cfg.camera_names),
         "image_size": cfg.vision.image_size,
@@ -94,7 +98,8 @@ def run_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2, default=str))
         return 0
     print(f"source:       {info['source']}")
-    print(f"layout:       {summary['layout']}, family {summary['family']}")
+    saved_by = f" saved by LeRobot {summary['lerobot_era']}" if summary.get("lerobot_era") else ""
+    print(f"layout:       {summary['layout']}{saved_by}, family {summary['family']}")
     print(f"cameras:      {', '.join(cfg.camera_names)} ({cfg.vision.image_size}px tile, {per_camera} tokens each)")
     print(f"state/action: {cfg.state_dim} -> {cfg.action_horizon} x {cfg.action_dim} (dt {cfg.action_dt} s)")
     if args.checkpoint:
@@ -163,7 +168,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument(
             "--checkpoint",
-            help="checkpoint folder: omni_ros's, a LeRobot save_pretrained folder (pi0, pi05) or an openpi PyTorch one",
+            help="checkpoint folder: omni_ros's, a LeRobot save_pretrained folder (pi0, pi05, smolvla; LeRobot "
+            "0.3's too) or an openpi PyTorch one",
         )
         q.add_argument("--preset", default="small", help="built-in architecture when no checkpoint (tiny, small, pi0)")
         q.add_argument(

@@ -106,6 +106,8 @@ def spec_observations(
         obs["images"] = {c: frames[i % len(frames)] for i, c in enumerate(cfg.camera_names)}
         if stats.state_mode == "quantile" and stats.state_q01 is not None and stats.state_q99 is not None:
             state = rng.uniform(stats.state_q01, stats.state_q99)
+        elif stats.state_mode == "min_max" and stats.state_min is not None and stats.state_max is not None:
+            state = rng.uniform(stats.state_min, stats.state_max)
         else:
             state = np.asarray(stats.state_mean) + np.asarray(stats.state_std) * rng.uniform(-1.0, 1.0, cfg.state_dim)
         obs["state"] = state.astype(np.float32)

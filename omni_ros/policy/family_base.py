@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 from omni_ros.observation import Observation, ObservationSpec, make_observation
 from omni_ros.policy.base import PolicyMetadata
 from omni_ros.policy.normalize import NormStats
+from omni_ros.policy.sampler import EulerTime
 from omni_ros.typed_config import from_dict, to_dict
 
 
@@ -30,6 +31,8 @@ class ChunkConfig:
     # Seconds between consecutive actions of a chunk (50 Hz by default).
     action_dt: float = 0.02
     num_steps: int = 10
+    # How the Euler sampler steps t (omni_ros.policy.sampler.EulerTime): LeRobot <= 0.3 checkpoints accumulate it.
+    euler_time: EulerTime = "exact"
 
     @property
     def model_action_dim(self) -> int:

@@ -132,6 +132,10 @@ class HFTokenizer:
         self._tok.no_padding()
         self._tok.no_truncation()
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # Ids need not be dense (an added token may sit past the base vocabulary): what can reach the embedding
+        # is the largest id, not the count.
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        self.id_bound = max(vocab.values(), default=-1) + 1
         self.pad_id = next((i for t in ("<pad>", "[PAD]", "<|pad|>") if (i := self._tok.token_to_id(t)) is not None), 0)
         self.path = path
 

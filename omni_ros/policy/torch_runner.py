@@ -154,7 +154,9 @@ class TorchRunner:
             cache = model.prefill(prefix, prefix_mask)
             clock.lap("prefill_ms")
             if rtc is None or rtc.target is None:
-                chunk = euler_sample(velocity, noise.float(), num_steps)
+                chunk = euler_sample(
+                    velocity, noise.float(), num_steps, getattr(getattr(model, "cfg", None), "euler_time", "exact")
+                )
             else:
                 clean = getattr(getattr(model, "cfg", None), "rtc_max_delay", 0) > 0
                 chunk = rtc_sample(velocity, noise.float(), num_steps, rtc.target.float(), rtc.request, clean)

@@ -14,7 +14,12 @@ from omni_ros.policy.normalize import Mode, NormStats
 
 IMAGE_PREFIX = "observation.images."
 STATE, ACTION = "observation.state", "action"
-MODES: dict[str, Mode] = {"MEAN_STD": "mean_std", "QUANTILES": "quantile", "IDENTITY": "mean_std"}
+MODES: dict[str, Mode] = {
+    "MEAN_STD": "mean_std",
+    "QUANTILES": "quantile",
+    "MIN_MAX": "min_max",
+    "IDENTITY": "mean_std",
+}
 
 
 def read_json(path: Path) -> Any:
@@ -72,7 +77,9 @@ def norm_stats(folder: Path, config: dict, state_dim: int, action_dim: int) -> N
     for side, stats, key in (("STATE", state_stats, STATE), ("ACTION", action_stats, ACTION)):
         if mapping.get(side, "MEAN_STD") not in MODES:
             raise CheckpointError(f"{folder}: normalization '{mapping.get(side)}' of {side} is not supported")
-        if mapping.get(side, "MEAN_STD") != "IDENTITY" and f"{key}.mean" not in stats and f"{key}.q01" not in stats:
+        if mapping.get(side, "MEAN_STD") != "IDENTITY" and not any(
+            f"{key}.{s}" in stats for s in ("mean", "q01", "min")
+        ):
             raise CheckpointError(f"{folder}: the processor statistics have no '{key}' entries")
 
     def part(stats: dict, key: str, stat: str, dim: int, default: float) -> list[float]:
@@ -95,4 +102,8 @@ def norm_stats(folder: Path, config: dict, state_dim: int, action_dim: int) -> N
         state_q99=state_stats.get(f"{STATE}.q99"),
         action_q01=action_stats.get(f"{ACTION}.q01"),
         action_q99=action_stats.get(f"{ACTION}.q99"),
+        state_min=state_stats.get(f"{STATE}.min"),
+        state_max=state_stats.get(f"{STATE}.max"),
+        action_min=action_stats.get(f"{ACTION}.min"),
+        action_max=action_stats.get(f"{ACTION}.max"),
     )

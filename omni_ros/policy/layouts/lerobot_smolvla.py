@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from omni_ros.policy.layouts import lerobot_legacy
 from omni_ros.policy.layouts.common import Checkpoint, CheckpointError
 from omni_ros.policy.layouts.lerobot_files import features, norm_stats
 from omni_ros.policy.layouts.pi0_weights import siglip_key, siglip_placement
@@ -154,7 +155,7 @@ def placer(keys: list[str], shape, prefix: str, text_depth: int) -> Place:
     return place
 
 
-def read_smolvla(path: Path, config: dict, tokenizer: Any) -> Checkpoint:
+def read_smolvla(path: Path, config: dict, tokenizer: Any, saved_by: str = ">=0.4") -> Checkpoint:
     from omni_ros.policy.smolvla.configuration import ExpertConfig, SmolVLAConfig, TextConfig, VisionConfig
 
     source = path / "config.json"
@@ -168,9 +169,11 @@ def read_smolvla(path: Path, config: dict, tokenizer: Any) -> Checkpoint:
 
     weights = path / "model.safetensors"
     file = SafetensorsFile(weights)
+    legacy = saved_by == lerobot_legacy.ERA
     keys = file.names()
     prefix = "model." if any(k.startswith("model.") for k in keys) else ""
-    names = {k[len(prefix) :] if k.startswith(prefix) else k: k for k in keys}
+    model_keys = [k for k in keys if not k.startswith(lerobot_legacy.MODULES)]
+    names = {k[len(prefix) :] if k.startswith(prefix) else k: k for k in model_keys}
 
     def shape(name: str) -> tuple[int, ...]:
         if name not in names:
@@ -267,8 +270,7 @@ def read_smolvla(path: Path, config: dict, tokenizer: Any) -> Checkpoint:
     given = tokenizer
     if given is None and in_folder(path) is None and vlm_folder is not None and in_folder(vlm_folder):
         given = vlm_folder  # a local SmolVLM folder brings its own tokenizer
-    # SmolVLM's embedding may have more rows than its tokenizer has tokens; only ids past its end are wrong.
-    found, origin, tok_cfg = find_tokenizer(path, given, vlm_name, vocab, exact=False)
+    found, origin, tok_cfg = find_tokenizer(path, given, vlm_name, vocab)
     tok_cfg.max_tokens = int(config.get("tokenizer_max_length") or 48)
     try:
         model = SmolVLAConfig(
@@ -288,6 +290,8 @@ def read_smolvla(path: Path, config: dict, tokenizer: Any) -> Checkpoint:
             vocab_size=vocab,
             time_min_period=float(config.get("min_period", 4e-3)),
             time_max_period=float(config.get("max_period", 4.0)),
+            lerobot_era="0.3" if legacy else "current",
+            euler_time="float32_accumulated" if legacy else "exact",
         )
     except ValueError as exc:
         raise CheckpointError(f"{source}: {exc}") from exc
@@ -297,9 +301,9 @@ def read_smolvla(path: Path, config: dict, tokenizer: Any) -> Checkpoint:
         family="smolvla",
         config=model,
         weights=weights,
-        norm_stats=norm_stats(path, config, state_dim, action_dim),
+        norm_stats=(lerobot_legacy.read_stats if legacy else norm_stats)(path, config, state_dim, action_dim),
         tokenizer=found,
-        extra={"lerobot_type": "smolvla", "vlm": vlm_source},
-        place=placer(keys, file.shape, prefix, text_depth),
+        extra={"lerobot_type": "smolvla", "lerobot_era": saved_by, "vlm": vlm_source},
+        place=lerobot_legacy.skip_buffers(placer(keys, file.shape, prefix, text_depth)),
         tokenizer_source=origin,
     )

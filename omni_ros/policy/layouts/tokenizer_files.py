@@ -1,9 +1,13 @@
 """Finding a reference checkpoint's tokenizer on this machine, read-only. Never downloads.
 
 Looked for, in order: what the caller passes (`tokenizer=` / `--tokenizer`: a Tokenizer, a file or a
-folder), the checkpoint folder, the local Hugging Face cache entry the processor names (e.g.
-`google/paligemma-3b-pt-224`), openpi's own cache (`paligemma_tokenizer.model`). When none is there, one
-line says which file to put where.
+folder), the checkpoint folder, the folder the processor names when it is relative to the checkpoint
+(`tokenizer_name: "tokenizer"`, as LeRobot's newer `save_artifacts` writes), the local Hugging Face cache
+entry the processor names (e.g. `google/paligemma-3b-pt-224`), openpi's own cache (`paligemma_tokenizer.model`).
+When none is there, one line says which file to put where.
+
+The tokenizer must fit the token embedding: one that can emit an id past the embedding's last row is refused;
+a smaller one is fine (models pad the embedding past the tokenizer: Qwen2.5 has 151,665 tokens for 151,936 rows).
 """
 
 from __future__ import annotations
@@ -46,11 +50,35 @@ def in_folder(folder: Path) -> Path | None:
     return None
 
 
-def find_tokenizer(
-    folder: Path, given: Any, hub_name: str, vocab_size: int, exact: bool = True
-) -> tuple[Tokenizer, str, TokenizerConfig]:
-    """(tokenizer, where it came from, its config) for checkpoint `folder`; checks it fits the embedding (the
-    same size, or with `exact=False` at most the embedding's rows)."""
+def relative_folder(folder: Path, name: str) -> Path | None:
+    """`name` as a folder inside checkpoint `folder` (a relative tokenizer_name) holding a tokenizer file, or None."""
+    if not name or Path(name).is_absolute():
+        return None
+    candidate = folder / name
+    return in_folder(candidate) if candidate.is_dir() else None
+
+
+def highest_id(tokenizer: Any) -> int | None:
+    """One past the largest id `tokenizer` can emit (its `id_bound` if it says, else its vocab_size)."""
+    bound = getattr(tokenizer, "id_bound", None)
+    if bound is None:
+        bound = getattr(tokenizer, "vocab_size", None)
+    return None if bound is None else int(bound)
+
+
+def check_fits(tokenizer: Any, source: str, embedding_rows: int) -> None:
+    """Refuse a tokenizer that can emit ids past the token embedding's end; a smaller one is fine."""
+    bound = highest_id(tokenizer)
+    if bound is not None and bound > embedding_rows:
+        raise CheckpointError(
+            f"tokenizer {source} can emit ids up to {bound - 1}, past the end of the token embedding "
+            f"({embedding_rows} rows): it is not this checkpoint's tokenizer"
+        )
+
+
+def find_tokenizer(folder: Path, given: Any, hub_name: str, vocab_size: int) -> tuple[Tokenizer, str, TokenizerConfig]:
+    """(tokenizer, where it came from, its config) for checkpoint `folder`; checks it emits no id past the
+    embedding's `vocab_size` rows."""
     if given is not None and not isinstance(given, (str, os.PathLike)):
         tokenizer, source, file = given, "given", getattr(given, "path", None)
     else:
@@ -60,7 +88,7 @@ def find_tokenizer(
             file = in_folder(path) if path.is_dir() else path
             if file is None or not file.is_file():
                 raise CheckpointError(f"tokenizer {given}: no {' / '.join(FILES)} there")
-        file = file or in_folder(folder)
+        file = file or in_folder(folder) or relative_folder(folder, hub_name)
         if file is None and hub_name:
             file = in_hf_cache(hub_name)
         openpi = Path(os.environ.get("OPENPI_DATA_HOME", Path.home() / ".cache" / "openpi"))
@@ -77,12 +105,6 @@ def find_tokenizer(
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"tokenizer {file}: {exc}") from exc
         source = str(file)
-    size = getattr(tokenizer, "vocab_size", None)
-    if size is not None and (size > vocab_size or (exact and size != vocab_size)):
-        what = "ids past the end of" if size > vocab_size else "fewer tokens than"
-        raise CheckpointError(
-            f"tokenizer {source} has {size} tokens for a token embedding of {vocab_size} rows ({what} the embedding): "
-            "it is not this checkpoint's tokenizer"
-        )
+    check_fits(tokenizer, source, vocab_size)
     kind = "sentencepiece" if file is not None and Path(file).suffix == ".model" else "hf"
     return tokenizer, source, TokenizerConfig(kind=kind, path=str(file) if file is not None else None)

@@ -78,6 +78,10 @@ class ProcessingConfig:
     # At least this camera must be in every observation (omni_ros: the first); none for the reference, which
     # needs any one camera and treats the others as empty.
     require_first_camera: bool = True
+    # The LeRobot release whose preprocessing the checkpoint was trained with (the reference convention):
+    # "current" (>= 0.4: centred padding, prompt truncated at max_tokens) or "0.3" (LeRobot <= 0.3: zero padding
+    # at the left and top, the prompt never truncated, a missing camera dropped, which the masked slot equals).
+    lerobot_era: Literal["current", "0.3"] = "current"
 
 
 @dataclass

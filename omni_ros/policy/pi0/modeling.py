@@ -98,11 +98,14 @@ class Pi0Model(nn.Module):
         prefix, prefix_mask = self.embed_prefix(inputs)
         if use_cache:
             cache = self.prefill(prefix, prefix_mask)
-            return euler_sample(lambda x, t: self.denoise_step(cache, prefix_mask, state, x, t), noise, num_steps)
+            return euler_sample(
+                lambda x, t: self.denoise_step(cache, prefix_mask, state, x, t), noise, num_steps, self.cfg.euler_time
+            )
         return euler_sample(
             lambda x, t: self.denoise_step(self.prefill(prefix, prefix_mask), prefix_mask, state, x, t),
             noise,
             num_steps,
+            self.cfg.euler_time,
         )
 
     def loss(

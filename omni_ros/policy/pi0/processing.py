@@ -20,7 +20,7 @@ from omni_ros.policy.family_base import ChunkProcessor
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pi0.configuration import ModelConfig
-from omni_ros.policy.reference_images import camera_tiles
+from omni_ros.policy.reference_images import camera_tiles, resize_with_pad_left_top
 from omni_ros.policy.rtc import RtcRequest, normalized_plan
 from omni_ros.policy.tokenizer import Tokenizer, make_tokenizer
 
@@ -125,6 +125,10 @@ def _relative(cfg: ModelConfig, actions: np.ndarray, states: np.ndarray, sign: f
 class ReferenceProcessor(ChunkProcessor[ModelConfig]):
     """LeRobot's / openpi's pi0 and pi0.5 input pipeline, step for step.
 
+    `processing.lerobot_era` "0.3" (a checkpoint LeRobot <= 0.3 saved) pads images at the left and top instead
+    of centred and never truncates the prompt; a missing camera, which LeRobot 0.3 dropped, keeps its masked
+    slot, which attends to nothing and advances no position: the same actions.
+
     images   uint8 -> float [0, 1] -> bilinear resize-with-pad to the model's square size (sizes truncated,
              centred zero padding) -> x * 2 - 1; a declared camera the observation lacks is an image of -1
              with its mask off (the reference's empty camera)
@@ -141,13 +145,18 @@ class ReferenceProcessor(ChunkProcessor[ModelConfig]):
     def tokenize(self, observation: Observation, normalized_state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and mask of the observation's prompt, written as the checkpoint's tool writes it."""
         fmt, max_tokens, text = self.cfg.processing.prompt_format, self.cfg.tokenizer.max_tokens, observation.prompt
+        if fmt == "newline" and self.cfg.processing.lerobot_era == "0.3":
+            # LeRobot 0.3 padded to max_length without truncation: a longer prompt stays whole.
+            tok: Any = self.tokenizer
+            ids = tok.ids(text if text.endswith("\n") else text + "\n")
+            return tok.pad(ids, max(max_tokens, len(ids)))
         if fmt == "newline":
             return self.tokenizer.encode(text if text.endswith("\n") else text + "\n", max_tokens)
         if fmt == "pi05":
             return self.tokenizer.encode(pi05_prompt(text, normalized_state), max_tokens)
         if fmt == "openpi":
             # openpi tokenizes the cleaned task (with BOS) and the "\n" separately.
-            tok: Any = self.tokenizer
+            tok = self.tokenizer
             cleaned = text.strip().replace("_", " ").replace("\n", " ")
             return tok.pad(tok.ids(cleaned) + tok.ids("\n", special=False), max_tokens)
         return self.tokenizer.encode(text, max_tokens)
@@ -159,15 +168,21 @@ class ReferenceProcessor(ChunkProcessor[ModelConfig]):
         dtype: torch.dtype = torch.float32,
     ) -> ModelInputs:
         cfg, size = self.cfg, self.cfg.vision.image_size
+        resize = resize_with_pad_left_top if cfg.processing.lerobot_era == "0.3" else resize_with_pad_float
         images, masks, tokens, token_masks, states = [], [], [], [], []
         for o in observations:
-            images.append(camera_tiles(o, cfg.camera_names, size, resize_with_pad_float))
+            images.append(camera_tiles(o, cfg.camera_names, size, resize))
             masks.append([o.image_masks[n] for n in cfg.camera_names])
             state = self.norm_stats.normalize_state(o.state)
             ids, valid = self.tokenize(o, state)
             tokens.append(ids)
             token_masks.append(valid)
             states.append(np.pad(state, (0, cfg.model_state_dim - cfg.state_dim)))
+        longest = max(len(t) for t in tokens)
+        if any(len(t) < longest for t in tokens):  # an untruncated long prompt: pad the batch to it (masked)
+            tok: Any = self.tokenizer
+            tokens = [np.pad(t, (0, longest - len(t)), constant_values=getattr(tok, "pad_id", 0)) for t in tokens]
+            token_masks = [np.pad(m, (0, longest - len(m))) for m in token_masks]
         return ModelInputs(
             images=torch.stack(images).to(device, dtype),
             image_masks=torch.tensor(masks, dtype=torch.bool, device=device),

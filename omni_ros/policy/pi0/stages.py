@@ -120,7 +120,7 @@ def pi0_run_staged(
     def guided(x: torch.Tensor, t: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, weight: torch.Tensor):
         return run(GUIDED_STEP, [prefix_mask, inputs.state, x, t, target, weights, weight, *cache])[0]
 
-    actions = euler_sample(velocity, noise, num_steps) if sample is None else sample(velocity, guided)
+    actions = euler_sample(velocity, noise, num_steps, cfg.euler_time) if sample is None else sample(velocity, guided)
     clock.lap("denoise_ms")
     return actions
 

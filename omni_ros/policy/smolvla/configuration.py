@@ -94,6 +94,9 @@ class SmolVLAConfig(ChunkConfig):
     rope_theta: float = 10_000.0
     time_min_period: float = 4e-3
     time_max_period: float = 4.0
+    # The LeRobot release whose preprocessing the checkpoint was trained with: "current" (>= 0.4: the prompt
+    # cut from the left at max_tokens) or "0.3" (LeRobot <= 0.3: the prompt never truncated).
+    lerobot_era: Literal["current", "0.3"] = "current"
 
     def __post_init__(self) -> None:
         if not self.camera_names:

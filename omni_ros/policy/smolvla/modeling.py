@@ -233,6 +233,7 @@ class SmolVLAModel(nn.Module):
             lambda x, t: self.denoise_step(cache, prefix_mask, inputs.state, x, t),
             noise,
             num_steps or self.cfg.num_steps,
+            self.cfg.euler_time,
         )
 
 

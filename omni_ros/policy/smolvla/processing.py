@@ -18,13 +18,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from omni_ros.observation import Observation
 from omni_ros.policy.family_base import ChunkProcessor
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.reference_images import camera_tiles
+from omni_ros.policy.reference_images import camera_tiles, resize_with_pad_left_top
 from omni_ros.policy.rtc import RtcRequest, normalized_plan
 from omni_ros.policy.smolvla.configuration import SmolVLAConfig
 from omni_ros.policy.tokenizer import Tokenizer
@@ -41,6 +40,8 @@ class SmolVLAProcessor(ChunkProcessor[SmolVLAConfig]):
         """Token ids of the prompt as LeRobot's SmolVLA writes it (a trailing newline), the last max_tokens kept."""
         tok: Any = self.tokenizer
         ids = tok.ids(prompt if prompt.endswith("\n") else prompt + "\n")
+        if self.cfg.lerobot_era == "0.3":
+            return ids  # LeRobot 0.3 passed max_length without truncation: a longer prompt stays whole
         return ids[-self.cfg.tokenizer.max_tokens :]
 
     def inputs(
@@ -77,15 +78,3 @@ class SmolVLAProcessor(ChunkProcessor[SmolVLAConfig]):
         return normalized_plan(
             request, cfg.action_horizon, cfg.action_dim, cfg.max_action_dim, self.norm_stats.normalize_actions
         )
-
-
-def resize_with_pad_left_top(image: torch.Tensor, size: int) -> torch.Tensor:
-    """(3, h, w) float in [0, 1] -> (3, size, size): bilinear to fit (align_corners=False, no antialias, target
-    sizes truncated, not rounded), zero padding on the left and at the top (SmolVLA's convention)."""
-    _, h, w = image.shape
-    if (h, w) == (size, size):
-        return image
-    ratio = max(w / size, h / size)
-    new_h, new_w = int(h / ratio), int(w / ratio)
-    resized = F.interpolate(image[None], size=(new_h, new_w), mode="bilinear", align_corners=False)[0]
-    return F.pad(resized, (max(0, size - new_w), 0, max(0, size - new_h), 0), value=0.0)

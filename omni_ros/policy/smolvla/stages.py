@@ -157,7 +157,7 @@ def run_staged(
     def guided(*_: torch.Tensor) -> torch.Tensor:
         raise ValueError("SmolVLA programs have no guided RTC step; they serve RTC by hard inpainting")
 
-    actions = euler_sample(velocity, noise, num_steps) if sample is None else sample(velocity, guided)
+    actions = euler_sample(velocity, noise, num_steps, cfg.euler_time) if sample is None else sample(velocity, guided)
     clock.lap("denoise_ms")
     return actions
 
