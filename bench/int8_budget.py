@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/int8_budget.py [--out bench/results/int8_budget.json]
 
-The target is one inference in 0.4x LeRobot 0.6.1's time (2 threads). The budget is 0.4 x LeRobot's chunk time
-(bench/results/vs_lerobot.json for the edge-size pi0, smolvla_eager.json for SmolVLA); the GEMMs are one
+The target is one inference in 0.4x LeRobot 0.6.1's time. The budget is 0.4 x LeRobot's chunk time at the thread
+count the GEMMs were timed with (bench/results/vs_lerobot.json for the edge-size pi0, smolvla_eager.json (2
+threads) for SmolVLA); the pair must come from one CPU (each file records its own), else this says so; the GEMMs are one
 inference's linear layers at their real shapes on every kernel this CPU runs (gemm_kernels_pi0_edge.json,
 gemm_kernels_smolvla.json). A share above 1 means no kernel here can meet the target, whatever else is removed.
 """
@@ -22,9 +23,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.4
 # model -> (its gemm_kernels result, the result holding LeRobot's chunk time, how to read that time)
 MODELS = {
-    "pi0_edge": ("gemm_kernels_pi0_edge.json", "vs_lerobot.json", lambda d: d["threads"]["2"]["lerobot_ms"]),
-    "smolvla": ("gemm_kernels_smolvla.json", "smolvla_eager.json", lambda d: d["results"]["lerobot"]["latency_ms"]),
+    "pi0_edge": ("gemm_kernels_pi0_edge.json", "vs_lerobot.json", lambda d, t: d["threads"][str(t)]["lerobot_ms"]),
+    "smolvla": ("gemm_kernels_smolvla.json", "smolvla_eager.json", lambda d, t: d["results"]["lerobot"]["latency_ms"]),
 }
+
+
+def _cpu(result: dict[str, Any]) -> str:
+    """The CPU a result file says it ran on: model and the extensions that choose kernels."""
+    machine = result.get("machine", {})
+    return f"{machine.get('model', 'unrecorded')} [{' '.join(machine.get('extensions', []))}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,12 +41,20 @@ def main(argv: list[str] | None = None) -> int:
     models: dict[str, Any] = {}
     for name, (gemm_file, lerobot_file, lerobot_ms) in MODELS.items():
         gemm = json.loads((RESULTS / gemm_file).read_text())
-        budget = TARGET * lerobot_ms(json.loads((RESULTS / lerobot_file).read_text()))
+        lerobot = json.loads((RESULTS / lerobot_file).read_text())
+        cpus = {_cpu(gemm), _cpu(lerobot)}
+        if len(cpus) != 1 or "unrecorded" in next(iter(cpus)):
+            # A budget from one CPU and GEMMs from another would be a figure of neither: said, not computed.
+            models[name] = {"skipped": f"{gemm_file} and {lerobot_file} are not from one recorded CPU: {sorted(cpus)}"}
+            continue
+        budget = TARGET * lerobot_ms(lerobot, gemm["threads"])
         kernels = {k: v for k, v in gemm["inference_gemm_ms"].items() if v}
         fastest_int8 = min((k for k in kernels if "int8" in k), key=kernels.__getitem__)
         fastest = min(kernels, key=kernels.__getitem__)
         models[name] = {
             "sources": [f"bench/results/{gemm_file}", f"bench/results/{lerobot_file}"],
+            "cpu": cpus.pop(),
+            "threads": gemm["threads"],
             "budget_ms": round(budget, 1),
             "gemm_ms": kernels,
             "fastest_kernel": fastest,

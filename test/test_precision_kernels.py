@@ -1,13 +1,17 @@
-"""The pieces a bf16 / int8 precision adds around the linears: the shared input conversion and bf16 attention."""
+"""The pieces a bf16 / int8 precision adds around the linears: the shared input conversion, bf16 attention and the
+fused bf16 MLP."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
-from omni_ros.policy.layers import sdpa
-from omni_ros.policy.precision.attention import bf16_sdpa, use_attention_kernel
+from omni_ros.policy.layers import mlp, sdpa
+from omni_ros.policy.pi0.gemma import GatedMLP
+from omni_ros.policy.precision.attention import bf16_sdpa, native_bf16, use_attention_kernel
 from omni_ros.policy.precision.bf16_linear import Bf16Linear
+from omni_ros.policy.precision.fused_mlp import bf16_mlp, use_mlp_kernel
 from omni_ros.policy.precision.int8_linear import Int8Linear
 from omni_ros.policy.precision.shared_input import SharedInput
 
@@ -81,3 +85,64 @@ def test_the_attention_kernel_is_swapped_from_outside():
     assert use_attention_kernel(model, bf16_sdpa) == 2
     assert all(m.attention_kernel is bf16_sdpa for m in model if isinstance(m, _Attends))
     assert _Attends.attention_kernel is sdpa  # the class default is untouched: other models keep float32
+
+
+def _mlp_layers(gated: bool, bias: bool) -> tuple[nn.Linear, nn.Linear | None, nn.Linear]:
+    torch.manual_seed(1)
+    first, down = nn.Linear(96, 256, bias=bias), nn.Linear(256, 96, bias=bias)
+    return first, nn.Linear(96, 256, bias=bias) if gated else None, down
+
+
+@pytest.mark.parametrize(
+    "activation,gated,bias",
+    [("gelu_tanh", False, True), ("gelu", False, True), ("gelu_tanh", True, False), ("silu", True, False)],
+)
+def test_fused_bf16_mlp_matches_float32_as_the_unfused_one_does(activation: str, gated: bool, bias: bool):
+    """SigLIP's fc1 / fc2 and the gated Gemma / Llama MLPs: the activation (and the gate's product) as post-ops of
+    the bf16 products. Both bf16 forms stay within 1% of float32; where oneDNN packs bf16 the fused one runs and is
+    no further from float32 than the unfused one (its activation sees the unrounded accumulator), elsewhere it is
+    the unfused kernel exactly."""
+    first, up, down = _mlp_layers(gated, bias)
+    x = torch.randn(2, 33, 96)
+    with torch.inference_mode():
+        reference = mlp(first, up, down, activation, x)
+        shared = SharedInput()
+        b_first, b_down = Bf16Linear(first, shared), Bf16Linear(down, shared)
+        b_up = None if up is None else Bf16Linear(up, shared)
+        unfused = mlp(b_first, b_up, b_down, activation, x)
+        fused = bf16_mlp(b_first, b_up, b_down, activation, x)
+    assert fused.dtype == torch.float32 and fused.shape == reference.shape
+    assert _rel(unfused, reference) < 0.01 and _rel(fused, reference) < 0.01
+    if b_first.packed:
+        assert _rel(fused, unfused) > 0  # the fused path ran: not the unfused one again
+        assert _rel(fused, reference) <= _rel(unfused, reference) * 1.1
+    else:
+        torch.testing.assert_close(fused, unfused, rtol=0, atol=0)
+
+
+def test_fused_mlp_falls_back_under_autograd_and_for_float_layers():
+    first, up, down = _mlp_layers(True, False)
+    x = torch.randn(1, 5, 96, requires_grad=True)
+    # Plain float32 layers (the robot-side ones, an fp32 model): exactly the eager kernel.
+    torch.testing.assert_close(bf16_mlp(first, up, down, "silu", x), mlp(first, up, down, "silu", x), rtol=0, atol=0)
+    b = [Bf16Linear(layer) for layer in (first, up, down)]
+    (grad,) = torch.autograd.grad(bf16_mlp(b[0], b[1], b[2], "gelu_tanh", x).sum(), x)  # guided RTC
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_the_mlp_kernel_is_swapped_from_outside():
+    model = nn.Sequential(GatedMLP(16, 32, "tanh"), nn.Linear(16, 16), GatedMLP(16, 32))
+    assert use_mlp_kernel(model, bf16_mlp) == 2
+    assert all(m.mlp_kernel is bf16_mlp for m in model if isinstance(m, GatedMLP))
+    assert GatedMLP.mlp_kernel is mlp  # the class default is untouched
+
+
+@pytest.mark.skipif(not native_bf16(), reason="needs a CPU with native bf16 (AVX512_BF16 / AMX): none here")
+def test_bf16_precision_fuses_every_mlp_of_a_model_where_the_cpu_has_bf16():
+    from omni_ros.policy.pi0.presets import build_preset
+    from omni_ros.policy.precision import PrecisionChoice, apply_precision
+
+    model = build_preset("tiny").eval()
+    mlps = sum(hasattr(type(m), "mlp_kernel") for m in model.modules())
+    applied = apply_precision(model, PrecisionChoice("bf16", "test"))
+    assert mlps > 0 and applied.fused_mlps == mlps

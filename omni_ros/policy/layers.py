@@ -141,6 +141,27 @@ def bmm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
     return out.view(b, h, tq, d).transpose(1, 2).reshape(b, tq, h * d)
 
 
+# (first, up, down, activation, x) -> the block's MLP output: down(act(first(x))) for a two-layer MLP (`up` None:
+# SigLIP's fc1 / fc2), down(act(first(x)) * up(x)) for a gated one (Gemma's and Llama's gate / up / down).
+# Modules with an MLP hold their kernel as `mlp_kernel` (`mlp` by default), so that a precision swaps in a fused
+# one from outside (omni_ros/policy/precision/fused_mlp.py), as it swaps the attention kernel.
+MlpKernel = Callable[[nn.Module, "nn.Module | None", nn.Module, str, torch.Tensor], torch.Tensor]
+ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
+
+
+def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """One of `ACTIVATIONS` (gelu_tanh: the tanh approximation of GELU)."""
+    if activation == "silu":
+        return F.silu(x)
+    return gelu(x, "tanh" if activation == "gelu_tanh" else "none")
+
+
+def mlp(first: nn.Module, up: nn.Module | None, down: nn.Module, activation: str, x: torch.Tensor) -> torch.Tensor:
+    """The eager MLP kernel (see `MlpKernel`)."""
+    hidden = activate(first(x), activation)
+    return down(hidden if up is None else hidden * up(x))
+
+
 def gelu(x: torch.Tensor, approximate: str = "none", export_form: bool = False) -> torch.Tensor:
     """GELU, exact ("none") or the tanh approximation ("tanh", the reference pi0 models' choice).
 

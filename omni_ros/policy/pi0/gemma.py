@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omni_ros.policy.layers import apply_rope, gelu, mean_last
+from omni_ros.policy.layers import MlpKernel, apply_rope, gelu, mean_last, mlp
 from omni_ros.policy.pi0.configuration import TransformerConfig
 
 
@@ -55,16 +55,20 @@ class AdaRMSNorm(nn.Module):
 
 class GatedMLP(nn.Module):
     export_form = False
+    mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
 
     def __init__(self, width: int, hidden: int, approximate: str = "none") -> None:
         super().__init__()
         self.approximate = approximate
+        self.activation = "gelu_tanh" if approximate == "tanh" else "gelu"
         self.gate_proj = nn.Linear(width, hidden, bias=False)
         self.up_proj = nn.Linear(width, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, width, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu(self.gate_proj(x), self.approximate, self.export_form) * self.up_proj(x))
+        if self.export_form:
+            return self.down_proj(gelu(self.gate_proj(x), self.approximate, True) * self.up_proj(x))
+        return self.mlp_kernel(self.gate_proj, self.up_proj, self.down_proj, self.activation, x)
 
 
 class DecoderLayer(nn.Module):

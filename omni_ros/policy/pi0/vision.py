@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.policy.layers import AttentionKernel, attention, gelu, layer_norm, sdpa
+from omni_ros.policy.layers import AttentionKernel, MlpKernel, attention, gelu, layer_norm, mlp, sdpa
 from omni_ros.policy.pi0.configuration import VisionConfig
 
 
@@ -26,10 +26,12 @@ class VitShape(Protocol):
 class VitBlock(nn.Module):
     export_form = False
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
+    mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
 
     def __init__(self, cfg: VitShape, approximate: str = "none") -> None:
         super().__init__()
         self.num_heads, self.approximate = cfg.num_heads, approximate
+        self.activation = "gelu_tanh" if approximate == "tanh" else "gelu"
         self.norm1 = nn.LayerNorm(cfg.width, eps=1e-6)
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width)
         self.proj = nn.Linear(cfg.width, cfg.width)
@@ -49,7 +51,7 @@ class VitBlock(nn.Module):
             return x + self.fc2(gelu(self.fc1(layer_norm(self.norm2, x, True)), self.approximate, True))
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.num_heads, w // self.num_heads).permute(2, 0, 3, 1, 4)
         x = x + self.proj(self.attention_kernel(q, k, v, None).transpose(1, 2).reshape(b, n, w))
-        return x + self.fc2(gelu(self.fc1(self.norm2(x)), self.approximate))
+        return x + self.mlp_kernel(self.fc1, None, self.fc2, self.activation, self.norm2(x))
 
 
 class SpatialKeypoints(nn.Module):

@@ -54,6 +54,7 @@ class AppliedPrecision:
     linears: int
     cache: Path | None = None
     attention: str = "fp32"  # the attention kernel's dtype (bf16 where the CPU has the instructions)
+    fused_mlps: int = 0  # MLPs whose activation runs as a post-op of the bf16 products (fused_mlp.py)
 
 
 # The layers between the model and the robot's numbers (state in, actions in and out, the flow time's MLP) stay
@@ -104,7 +105,8 @@ def apply_precision(
         def make_bf16(name: str, linear: nn.Linear) -> nn.Module:
             return float32(linear) if robot_side(name) else Bf16Linear(linear, shared)
 
-        return AppliedPrecision(choice, swap_linears(model, make_bf16), attention=_attention(model))
+        count = swap_linears(model, make_bf16)
+        return AppliedPrecision(choice, count, attention=_attention(model), fused_mlps=_fused_mlps(model))
     from omni_ros.policy.precision.int8_linear import Int8Linear
 
     kept: dict[str, tuple[nn.Linear, Int8Linear]] = {}
@@ -129,6 +131,14 @@ def apply_precision(
         threads = num_threads or torch.get_num_threads()
         folder = attach_xnnpack(kept, cache_root=root, label=label, cpu=detect(), num_threads=threads)
     return AppliedPrecision(choice, count, folder, attention=_attention(model))
+
+
+def _fused_mlps(model: nn.Module) -> int:
+    """The fused bf16 MLP kernel on every MLP of a bf16 model where oneDNN packs bf16 (fused_mlp.py says why)."""
+    from omni_ros.policy.precision.attention import native_bf16
+    from omni_ros.policy.precision.fused_mlp import bf16_mlp, use_mlp_kernel
+
+    return use_mlp_kernel(model, bf16_mlp) if native_bf16() else 0
 
 
 def _attention(model: nn.Module) -> str:

@@ -53,13 +53,26 @@ class Bf16Linear(nn.Module):
     def dense_weight(self) -> torch.Tensor:
         return self.weight.to_dense() if self.packed else self.weight
 
+    def bf16_input(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` rounded to bfloat16 (shared with the other layers reading the same tensor)."""
+        return x.to(torch.bfloat16) if self.shared is None else self.shared.get(x, _to_bf16)
+
+    def product(self, xb: torch.Tensor, post_op: str = "none", algorithm: str = "") -> torch.Tensor:
+        """oneDNN's packed product of a bfloat16 `xb` with a unary post-op on the float32 accumulator
+        ("gelu" with algorithm "tanh" / "none", "swish" = SiLU), rounded to bfloat16 once (packed only)."""
+        return torch.ops.mkldnn._linear_pointwise(xb, self.weight, self.bias, post_op, [], algorithm)
+
+    def product_times(self, xb: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """(xb @ weight.T + bias) * other, the multiplication a post-op of the product (packed only)."""
+        return torch.ops.mkldnn._linear_pointwise.binary(xb, other, self.weight, self.bias, "mul")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             # Guided RTC differentiates through a denoising step: the plain bf16 product has a gradient.
             return F.linear(x.to(torch.bfloat16), self.dense_weight(), self.bias).to(x.dtype)
-        xb = x.to(torch.bfloat16) if self.shared is None else self.shared.get(x, _to_bf16)
+        xb = self.bf16_input(x)
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(xb, self.weight, self.bias, "none", [], "").to(x.dtype)
+            return self.product(xb).to(x.dtype)
         # Emulated: exact bf16 x bf16 products summed in float32, the result rounded to bf16 as the kernel does.
         assert self.emulated is not None
         return self.emulated(xb.float()).to(torch.bfloat16).to(x.dtype)

@@ -5,7 +5,8 @@
     bf16   bfloat16 GEMMs with float32 accumulation, the rest of the model in float32
     int8   int8 weights per output channel, activations quantized per token at run time, int32 accumulation
 
-Only the linear layers change: norms, attention, the Euler state and everything else stay float32. Casting the
+Only the linear layers change (and, on a CPU with native bf16, attention runs in bf16: attention.py); norms, the
+Euler state and everything else stay float32. Casting the
 whole model to bfloat16 (`policy.dtype: bfloat16`) is another thing: on the committed LeRobot fixtures it moved
 the actions 7-33% (relative L2) from float32's, while bf16 GEMMs alone moved them 0.3-0.9% and int8 ones 0.9-2.4%
 (test/test_precision_accuracy.py asserts 1% and 4%).
@@ -108,7 +109,11 @@ def choose(
 def int8_kernel_for(cpu: CpuFeatures, requested: str = "auto") -> str:
     """The int8 GEMM kernel for this CPU: oneDNN where it has AMX_INT8 tiles (or no int8 dot product at all: the
     same integers, at float speed), XNNPACK's where it has VNNI without AMX or is an Arm CPU (there XNNPACK's
-    int8 GEMMs ran 3.0x oneDNN's float32 ones and FBGEMM's int8 1.47x, bench/gemm_kernels.py)."""
+    int8 GEMMs ran 3.0x oneDNN's float32 ones and FBGEMM's int8 1.47x, bench/gemm_kernels.py).
+
+    On an AMX Xeon XNNPACK's int8 GEMMs were still the fastest alone, but the per-linear program took 582 s to
+    build for the edge pi0 (114 linears) and the whole chunk was no faster than with oneDNN's (715 vs 782 ms, one
+    thread, one loaded run): the rest of the chunk, not the GEMMs, sets its time there."""
     if requested != "auto":
         return requested
     if cpu.arch == "aarch64":

@@ -12,10 +12,9 @@ from collections.abc import Iterable
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from omni_ros.policy.layers import layer_norm, mean_last
+from omni_ros.policy.layers import MlpKernel, layer_norm, mean_last, mlp
 from omni_ros.policy.pi0.configuration import TransformerConfig
 from omni_ros.policy.pi0.gemma import DecoderLayer
 from omni_ros.policy.pi0.vision import VitBlock
@@ -40,6 +39,9 @@ class LlamaRMSNorm(nn.Module):
 
 
 class SiluMLP(nn.Module):
+    mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
+    activation = "silu"
+
     def __init__(self, width: int, hidden: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(width, hidden, bias=False)
@@ -47,7 +49,7 @@ class SiluMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, width, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.mlp_kernel(self.gate_proj, self.up_proj, self.down_proj, self.activation, x)
 
 
 class LlamaLayer(DecoderLayer):
