@@ -27,6 +27,7 @@ class VitBlock(nn.Module):
     export_form = False
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
     mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
+    attention_only_outputs = ("qkv",)  # linears whose output nothing but the attention kernel reads
 
     def __init__(self, cfg: VitShape, approximate: str = "none") -> None:
         super().__init__()

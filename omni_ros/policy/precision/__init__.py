@@ -148,4 +148,12 @@ def _attention(model: nn.Module) -> str:
     if not native_bf16():
         return "fp32"
     use_attention_kernel(model, bf16_sdpa)
+    from omni_ros.policy.precision.bf16_linear import Bf16Linear
+
+    # A projection only the bf16 kernel reads answers in bfloat16 (the values the kernel would round it to).
+    for module in model.modules():
+        for name in getattr(type(module), "attention_only_outputs", ()):
+            layer = getattr(module, name)
+            if isinstance(layer, Bf16Linear):
+                layer.bf16_out = True
     return "bf16"

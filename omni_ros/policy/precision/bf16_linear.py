@@ -29,6 +29,10 @@ class Bf16Linear(nn.Module):
     """`nn.Linear` computing in bfloat16 with float32 accumulation; float32 in, float32 out."""
 
     swapped_linear = True  # its weight is no parameter: weight_count counts it
+    # Return the product in bfloat16, not float32: set (precision/__init__.py) on a layer whose output only a bf16
+    # attention kernel reads, which would round it to bfloat16 again (the same numbers, two passes fewer). A layer
+    # given a bfloat16 input (that attention's output) also answers in bfloat16: the residual add it feeds promotes.
+    bf16_out = False
 
     def __init__(self, linear: nn.Linear, shared: SharedInput | None = None) -> None:
         super().__init__()
@@ -72,10 +76,12 @@ class Bf16Linear(nn.Module):
             return F.linear(x.to(torch.bfloat16), self.dense_weight(), self.bias).to(x.dtype)
         xb = self.bf16_input(x)
         if self.packed:
-            return self.product(xb).to(x.dtype)
-        # Emulated: exact bf16 x bf16 products summed in float32, the result rounded to bf16 as the kernel does.
-        assert self.emulated is not None
-        return self.emulated(xb.float()).to(torch.bfloat16).to(x.dtype)
+            out = self.product(xb)
+        else:
+            # Emulated: exact bf16 x bf16 products summed in float32, the result rounded to bf16 as the kernel does.
+            assert self.emulated is not None
+            out = self.emulated(xb.float()).to(torch.bfloat16)
+        return out if self.bf16_out else out.to(x.dtype)
 
     def extra_repr(self) -> str:
         packed = ", oneDNN packed" if self.packed else ", emulated"
