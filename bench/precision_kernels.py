@@ -1,0 +1,169 @@
+"""The kernels a bf16 / int8 precision puts around the GEMMs, each against what it replaced, at real shapes.
+
+    .venv/bin/python bench/precision_kernels.py [--threads 1] [--runs 20] [--out bench/results/precision_kernels.json]
+
+One process, one thread count, every pair timed alternately in rounds (the median of each), so the ratios
+within the file compare like with like on a shared machine:
+
+- MLPs (omni_ros/policy/precision/fused_mlp.py): the bf16 MLP fused into oneDNN's products against the bf16
+  linears with the activation in float32 between them, for a SigLIP block of a full-size SmolVLA (2 cameras x
+  1024 patches, 768 -> 3072, tanh GELU), a pi0 edge Gemma block (560 rows, 512 -> 2048 gated, tanh GELU) and a
+  SmolVLA expert block (50 rows, 720 -> 2048 gated SiLU); relative L2 distance of each from float32.
+- Attention (attention.py): flash attention on bf16 q / k / v against float32, at the SmolVLA vision tower's
+  (2 x 12 heads x 1024 x 64, no mask) and the pi0 edge prefix's shapes (8 heads, 1 KV head, 560 x 64, masked).
+- int8 linears (int8_linear.py): oneDNN's qlinear on a reordered weight, torch's `_int_mm` and packed bf16, one
+  linear at a prefill shape (560 x 512 -> 2048) and at a denoising step's (51 x 256 -> 1024), activation
+  quantization included (what a call costs in the model).
+
+Where the CPU lacks native bf16 (or oneDNN's int8 linear), the rows that need it are left out, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+from common import emit
+from torch import nn
+
+
+def _alternating_ms(fns: dict[str, Callable[[], object]], runs: int, rounds: int = 5) -> dict[str, float]:
+    """Median ms per call of each function, timed in alternating rounds of `runs` calls after a warm-up."""
+    for fn in fns.values():
+        fn(), fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(runs):
+                fn()
+            times[name].append((time.perf_counter() - start) / runs * 1e3)
+    return {name: round(statistics.median(t), 3) for name, t in times.items()}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return round(float((a.float() - b.float()).norm() / b.float().norm()), 5)
+
+
+MLPS = {
+    # name: (leading shape of the input, width, hidden, gated, activation)
+    "siglip_smolvla_full": ((2, 1024), 768, 3072, False, "gelu_tanh"),
+    "gemma_pi0_edge_prefill": ((1, 560), 512, 2048, True, "gelu_tanh"),
+    "llama_smolvla_expert_step": ((1, 50), 720, 2048, True, "silu"),
+}
+
+
+def mlp_rows(runs: int) -> dict[str, Any]:
+    from omni_ros.policy.layers import mlp
+    from omni_ros.policy.precision.bf16_linear import Bf16Linear
+    from omni_ros.policy.precision.fused_mlp import bf16_mlp
+    from omni_ros.policy.precision.shared_input import SharedInput
+
+    rows: dict[str, Any] = {}
+    for name, (lead, width, hidden, gated, activation) in MLPS.items():
+        torch.manual_seed(0)
+        first, down = nn.Linear(width, hidden, bias=not gated), nn.Linear(hidden, width, bias=not gated)
+        up = nn.Linear(width, hidden, bias=False) if gated else None
+        for layer in (first, up, down):
+            if layer is not None:
+                nn.init.normal_(layer.weight, std=width**-0.5)
+        x = torch.randn(*lead, width)
+        shared = SharedInput()
+        b_first, b_down = Bf16Linear(first, shared), Bf16Linear(down, shared)
+        b_up = None if up is None else Bf16Linear(up, shared)
+        with torch.inference_mode():
+            reference = mlp(first, up, down, activation, x)
+            fns = {
+                "fp32_ms": partial(mlp, first, up, down, activation, x),
+                "bf16_linears_ms": partial(mlp, b_first, b_up, b_down, activation, x),
+                "bf16_fused_ms": partial(bf16_mlp, b_first, b_up, b_down, activation, x),
+            }
+            row: dict[str, Any] = {"input": [*lead, width], "hidden": hidden, "gated": gated, "activation": activation}
+            row.update(_alternating_ms(fns, runs))
+            row["fused_speedup"] = round(row["bf16_linears_ms"] / row["bf16_fused_ms"], 2)
+            row["bf16_linears_rel_l2"] = _rel(mlp(b_first, b_up, b_down, activation, x), reference)
+            row["bf16_fused_rel_l2"] = _rel(bf16_mlp(b_first, b_up, b_down, activation, x), reference)
+        rows[name] = row
+    return rows
+
+
+def attention_rows(runs: int) -> dict[str, Any]:
+    from omni_ros.policy.layers import sdpa
+    from omni_ros.policy.precision.attention import bf16_sdpa
+
+    torch.manual_seed(0)
+    shapes = {
+        "siglip_smolvla_full": ((2, 12, 1024, 64), (2, 12, 1024, 64), False),
+        "pi0_edge_prefix": ((1, 8, 560, 64), (1, 1, 560, 64), True),
+    }
+    rows: dict[str, Any] = {}
+    for name, (q_shape, kv_shape, masked) in shapes.items():
+        q, k, v = torch.randn(q_shape), torch.randn(kv_shape), torch.randn(kv_shape)
+        mask = None
+        if masked:  # the prefix's padding: the last prompt slots masked out
+            mask = torch.ones(1, 1, q_shape[2], kv_shape[2], dtype=torch.bool)
+            mask[..., -40:] = False
+        with torch.inference_mode():
+            row: dict[str, Any] = {"q": list(q_shape), "kv": list(kv_shape), "masked": masked}
+            row.update(
+                _alternating_ms(
+                    {"fp32_ms": partial(sdpa, q, k, v, mask), "bf16_ms": partial(bf16_sdpa, q, k, v, mask)}, runs
+                )
+            )
+            row["bf16_speedup"] = round(row["fp32_ms"] / row["bf16_ms"], 2)
+            row["bf16_rel_l2"] = _rel(bf16_sdpa(q, k, v, mask), sdpa(q, k, v, mask))
+        rows[name] = row
+    return rows
+
+
+def int8_rows(runs: int) -> dict[str, Any]:
+    from omni_ros.cpu_features import detect
+    from omni_ros.policy.precision.bf16_linear import Bf16Linear
+    from omni_ros.policy.precision.int8_linear import Int8Linear, qlinear_available
+
+    # Without an int8 dot product the product runs its emulation (what `apply_precision` picks there).
+    native = bool(detect().int8_dot)
+    rows: dict[str, Any] = {}
+    for name, (m, k, n) in {"pi0_edge_prefill": (560, 512, 2048), "pi0_edge_denoise_step": (51, 256, 1024)}.items():
+        torch.manual_seed(0)
+        linear = nn.Linear(k, n)
+        x = torch.randn(1, m, k)
+        layers = {"bf16_ms": Bf16Linear(linear), "int8_onednn_ms": Int8Linear(linear, emulate=not native)}
+        if native and qlinear_available():
+            int_mm = Int8Linear(linear)
+            int_mm.packed, int_mm.kernel = None, "int_mm"  # torch's _int_mm on the plain weight
+            layers["int8_int_mm_ms"] = int_mm
+        with torch.inference_mode():
+            row: dict[str, Any] = {"m_k_n": [m, k, n], "int8_kernel": layers["int8_onednn_ms"].kernel}
+            row.update(_alternating_ms({key: partial(layer, x) for key, layer in layers.items()}, runs))
+        rows[name] = row
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=20, help="calls per round (5 alternating rounds)")
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from omni_ros.policy.precision.attention import native_bf16
+
+    report: dict[str, Any] = {"benchmark": "precision_kernels", "threads": args.threads, "runs": args.runs}
+    if native_bf16():
+        report["mlp"] = mlp_rows(args.runs)
+        report["attention"] = attention_rows(args.runs)
+    else:
+        report["mlp"] = report["attention"] = "skipped: this CPU has no native bf16 (AVX512_BF16 / AMX)"
+    report["int8_linear"] = int8_rows(args.runs)
+    emit(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
