@@ -95,6 +95,8 @@ class TopicsConfig:
     # Optional std_msgs/Float64MultiArray copy of each command for forward controllers; empty -> off.
     forward_command: str = ""
     diagnostics: str = "/diagnostics"
+    # omni_ros/action/RunPolicy: run on a prompt until success, time-out or cancel (omni_ros/nodes/run_policy.py).
+    run_policy: str = "/omni_ros/run_policy"
 
 
 @dataclass

@@ -42,12 +42,12 @@ else
   echo "$deps" > "$STAMPS/deps"
 fi
 
-msgs=$(fingerprint CMakeLists.txt package.xml msg/*.msg)
+msgs=$(fingerprint CMakeLists.txt package.xml msg/*.msg action/*.action)
 MSG_PREFIX="$VENV/lib/omni_ros_msgs"
 if up_to_date msgs "$msgs" && [ -d "$MSG_PREFIX/omni_ros/msg" ]; then
   log "messages up to date"
 else
-  log "building messages (msg/*.msg -> omni_ros.msg)"
+  log "building messages (msg/*.msg, action/*.action -> omni_ros.msg, omni_ros.action)"
   export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_INSTALL_PREFIX="$VENV" \
     -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF \

@@ -101,6 +101,13 @@ class Counters:
             return Health(dict(self._counts), rate, self._last_inference_s, self._consecutive_errors, self._last_error)
 
 
+@dataclass(frozen=True)
+class _Text:
+    """What MessageFeed.prompt reads of a std_msgs/String (a goal's prompt arrives without one)."""
+
+    data: str
+
+
 class PolicyLoop:
     """Runs `policy` on the configured inputs: `start()` the control thread, `activate()` to let commands flow.
 
@@ -147,6 +154,9 @@ class PolicyLoop:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inference")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="control", daemon=True)
+        # Held for a whole control tick, so `hold()` returns only once no tick can still publish a command
+        # (a RunPolicy cancel is acknowledged after that: nothing moves the robot after the acknowledgement).
+        self._tick_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -195,6 +205,27 @@ class PolicyLoop:
         self.executor.pause()
         return True, "paused"
 
+    def hold(self) -> None:
+        """Stop commands at once: pause the executor and wait out a tick that may be publishing."""
+        with self._tick_lock:
+            self.executor.pause()
+
+    def start_task(self, prompt: str) -> None:
+        """A new RunPolicy goal: its prompt, a fresh plan, and commands again if the node is active (while
+        inactive, activation resumes them)."""
+        with self._tick_lock:
+            self.feed.prompt(_Text(prompt), self._clock())
+            self.executor.reset_plan()
+            if self.active and self.executor.state is not ExecState.ESTOPPED:
+                self.executor.resume()
+        self._log.info(f"goal prompt: '{prompt.strip()}'")
+
+    def waiting_for(self, now: float) -> str:
+        """Why no command goes out now ('' when inputs are fresh and the node is active)."""
+        if not self.active:
+            return "the node to be activated (lifecycle: configure, then activate)"
+        return self.feed.explain(self.assembler.check(now))
+
     def resume(self) -> tuple[bool, str]:
         if self.executor.state is ExecState.ESTOPPED:
             return False, "e-stop is engaged; release it first"
@@ -221,6 +252,10 @@ class PolicyLoop:
 
     def tick(self) -> None:
         """One control tick: update the stale gate, start an inference when due, send the command."""
+        with self._tick_lock:
+            self._tick()
+
+    def _tick(self) -> None:
         now = self._clock()
         problem = self.assembler.check(now)
         self.executor.set_stale(problem is not None, self.feed.explain(problem))

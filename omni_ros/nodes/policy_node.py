@@ -51,6 +51,7 @@ class PolicyNode(LifecycleNode):
         self._status_pub: Any = None
         self._diag_pub: Any = None
         self._status_timer: Any = None
+        self._run_policy: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -95,7 +96,7 @@ class PolicyNode(LifecycleNode):
         self._input_subs += [
             self.create_subscription(JointState, topics.joint_states, loop.joint_state, qos_profile_sensor_data),
             self.create_subscription(String, topics.prompt, loop.prompt, LATCHED),
-            self.create_subscription(Bool, topics.estop, lambda m: loop.set_estop(bool(m.data)), 10),
+            self.create_subscription(Bool, topics.estop, lambda m: self._on_estop(bool(m.data)), 10),
         ]
         self._trigger_srvs = [
             self.create_service(Trigger, "~/pause", lambda _, r: _answer(r, *loop.pause())),
@@ -107,6 +108,9 @@ class PolicyNode(LifecycleNode):
             self._forward_pub = self.create_lifecycle_publisher(Float64MultiArray, topics.forward_command, 10)
         self._status_pub = self.create_publisher(PolicyStatus, cfg.status.topic, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, topics.diagnostics, 10)
+        from omni_ros.nodes.run_policy import RunPolicyServer
+
+        self._run_policy = RunPolicyServer(self, loop, topics.run_policy, cfg.robot.dry_run, 1.0 / cfg.status.rate_hz)
         loop.start()
         self._status_timer = self.create_timer(1.0 / cfg.status.rate_hz, self.publish_status)
         meta = self.policy.metadata
@@ -148,6 +152,9 @@ class PolicyNode(LifecycleNode):
         self._release(wait=True)
 
     def _release(self, wait: bool) -> None:
+        if self._run_policy is not None:
+            self._run_policy.destroy()  # its goal ends aborted, the robot holding
+            self._run_policy = None
         if self.loop is not None:
             self.loop.close(wait=wait)
             self.loop = None
@@ -166,6 +173,12 @@ class PolicyNode(LifecycleNode):
             if pub is not None:
                 self.destroy_publisher(pub)
         self._chunk_pub = self._command_pub = self._forward_pub = self._status_pub = self._diag_pub = None
+
+    def _on_estop(self, engaged: bool) -> None:
+        if self.loop is not None:
+            self.loop.set_estop(engaged)
+        if self._run_policy is not None:
+            self._run_policy.on_estop(engaged)
 
     # -- outputs -----------------------------------------------------------------------------------------------
 
