@@ -84,6 +84,10 @@ class Robot:
 def doctor(tmp_path, root) -> tuple[int, str]:
     config = tmp_path / "doctor.yaml"
     config.write_text(CONFIG)
+    return doctor_file(config, root)
+
+
+def doctor_file(config, root) -> tuple[int, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "omni_ros.cli", "doctor", "--config", str(config), "--seconds", "3"],
         cwd=root,
@@ -152,3 +156,29 @@ def test_volatile_prompt(tmp_path, root, robot):
     status, out = doctor(tmp_path, root)
     assert status == 1
     assert "verdict: NOT READY: /omni_ros/prompt is published VOLATILE" in out
+
+
+FJT = """
+  follow_joint_trajectory:
+    action: /doctor/follow_joint_trajectory
+"""
+
+
+def test_follow_joint_trajectory_server(tmp_path, root, robot, ros_context):
+    # command_interface follow_joint_trajectory: ready only once a controller serves the action.
+    from control_msgs.action import FollowJointTrajectory
+    from rclpy.action import ActionServer
+
+    config = CONFIG.replace("  dry_run: false\n", "  dry_run: false\n  command_interface: follow_joint_trajectory\n")
+    r = robot()
+    (tmp_path / "doctor.yaml").write_text(config + FJT)
+    status, out = doctor_file(tmp_path / "doctor.yaml", root)
+    assert status == 1
+    assert "verdict: NOT READY: no controller serves /doctor/follow_joint_trajectory" in out
+    server = ActionServer(r.node, FollowJointTrajectory, "/doctor/follow_joint_trajectory", lambda h: None)
+    try:
+        status, out = doctor_file(tmp_path / "doctor.yaml", root)
+        assert status == 0, out
+        assert "action server up" in out
+    finally:
+        server.destroy()

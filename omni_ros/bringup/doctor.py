@@ -22,6 +22,8 @@ IMAGE, COMPRESSED, JOINT_STATE, STRING = (
     "std_msgs/msg/String",
 )
 TRAJECTORY = "trajectory_msgs/msg/JointTrajectory"
+# Longest wait for the inputs' publishers to be discovered before the listening starts (s).
+DISCOVERY_S = 5.0
 
 
 @dataclass
@@ -54,8 +56,11 @@ def rate(times: list[float]) -> float:
     return (len(times) - 1) / (times[-1] - times[0])
 
 
-def observe(config: OmniConfig, seconds: float, context: Any = None) -> tuple[list[Check], list[str]]:
-    """Listen for `seconds`, then (checks, notes). Needs rclpy initialised on `context` (None: the default)."""
+def observe(
+    config: OmniConfig, seconds: float, context: Any = None, discovery_s: float = DISCOVERY_S
+) -> tuple[list[Check], list[str]]:
+    """Wait for discovery, listen for `seconds`, then (checks, notes). Needs rclpy initialised on `context`
+    (None: the default)."""
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -95,7 +100,13 @@ def observe(config: OmniConfig, seconds: float, context: Any = None) -> tuple[li
     node.create_subscription(String, topics.prompt, lambda m: on_message(topics.prompt, m), latched)
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
+    inputs = [c.topic for c in topics.cameras] + [topics.joint_states]
     try:
+        # Discovery between processes takes 0.1-2.6 s (more on a loaded machine): listen for `seconds` once
+        # every input has a publisher, or once `discovery_s` has passed without (a missing one is reported).
+        deadline = time.monotonic() + discovery_s
+        while time.monotonic() < deadline and not all(node.count_publishers(t) for t in inputs):
+            executor.spin_once(timeout_sec=0.05)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.05)
@@ -183,9 +194,27 @@ def _prompt_qos(node: Any, topic: str) -> list[Check]:
 
 def _outputs(node: Any, config: OmniConfig, notes: list[str]) -> list[Check]:
     checks = []
-    outputs = [("commands", config.control.command_topic, TRAJECTORY)]
+    interface = config.robot.command_interface
+    services = dict(node.get_service_names_and_types())
+    outputs = []
+    if interface == "joint_trajectory":
+        outputs.append(("commands", config.control.command_topic, TRAJECTORY))
     if config.topics.forward_command:
         outputs.append(("forward_command", config.topics.forward_command, "std_msgs/msg/Float64MultiArray"))
+    if interface == "follow_joint_trajectory":
+        action = config.control.follow_joint_trajectory.action
+        types = services.get(f"{action}/_action/send_goal", [])
+        expected = "control_msgs/action/FollowJointTrajectory_SendGoal"
+        problem = ""
+        if not types:
+            problem = f"no controller serves {action}: trajectories would go nowhere"
+            if config.robot.dry_run:
+                notes.append(f"no controller serves {action} (fine in dry run: nothing is commanded)")
+                problem = ""
+        elif expected not in types:
+            problem = f"{action} is served as {', '.join(types)}, the node sends FollowJointTrajectory"
+        detail = "action server " + ("up" if types else "missing")
+        checks.append(Check("commands (action)", action, problem, detail))
     for what, topic, expected in outputs:
         infos = node.get_subscriptions_info_by_topic(topic)
         types = sorted({i.topic_type for i in infos})
@@ -199,7 +228,6 @@ def _outputs(node: Any, config: OmniConfig, notes: list[str]) -> list[Check]:
         elif expected not in types:
             problem = f"{topic} is subscribed as {', '.join(types)}, the node publishes {expected}"
         checks.append(Check(what, topic, problem, detail))
-    services = dict(node.get_service_names_and_types())
     served = f"{config.topics.run_policy}/_action/send_goal" in services
     notes.append(
         f"RunPolicy {config.topics.run_policy}: "

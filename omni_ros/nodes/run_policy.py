@@ -194,6 +194,10 @@ class RunPolicyServer:
         if engaged:
             self._end(ABORTED, "e-stop engaged")
 
+    def on_controller_failure(self, reason: str) -> None:
+        """The controller rejected or aborted a trajectory (the loop already holds): the goal fails."""
+        self._end(ABORTED, f"controller failure: {reason}")
+
     def _check(self) -> None:
         run = self._goal
         if run is not None and not run.outcome and run.timed_out(self._now()):
