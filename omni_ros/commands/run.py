@@ -48,26 +48,37 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    sent: Any = None
+    handle: Any = None
+    result: Any = None
     try:
-        if not spin_until(client.server_is_ready, args.wait):
-            print(f"omni-ros run: no policy node serves {args.action} (waited {args.wait:g} s)", file=sys.stderr)
-            return 2
-        goal = RunPolicy.Goal(prompt=args.prompt, max_duration_s=args.max_duration, success_topic=args.success_topic)
-        sent = client.send_goal_async(goal, feedback_callback=feedback)
-        spin_until(sent.done, args.wait)
-        handle = sent.result() if sent.done() else None
-        if handle is None or not handle.accepted:
-            print("omni-ros run: the goal was not accepted", file=sys.stderr)
-            return 1
-        result = handle.get_result_async()
         try:
+            if not spin_until(client.server_is_ready, args.wait):
+                print(f"omni-ros run: no policy node serves {args.action} (waited {args.wait:g} s)", file=sys.stderr)
+                return 2
+            goal = RunPolicy.Goal(
+                prompt=args.prompt, max_duration_s=args.max_duration, success_topic=args.success_topic
+            )
+            sent = client.send_goal_async(goal, feedback_callback=feedback)
+            spin_until(sent.done, args.wait)
+            handle = sent.result() if sent.done() else None
+            if handle is None or not handle.accepted:
+                print("omni-ros run: the goal was not accepted", file=sys.stderr)
+                return 1
+            result = handle.get_result_async()
             spin_until(result.done, float("inf"))
         except KeyboardInterrupt:
+            # Whenever Ctrl-C comes, a goal that was sent is cancelled: the robot must not keep running it.
             print("omni-ros run: cancelling (the robot holds)", flush=True)
+            if handle is None and sent is not None and spin_until(sent.done, args.wait):
+                handle = sent.result()
+            if handle is None or not handle.accepted:
+                return 130
             cancel = handle.cancel_goal_async()
             spin_until(cancel.done, args.wait)
+            result = result or handle.get_result_async()
             spin_until(result.done, args.wait)
-        response = result.result() if result.done() else None
+        response = result.result() if result is not None and result.done() else None
         if response is None:
             print("omni-ros run: no result from the policy node", file=sys.stderr)
             return 1
