@@ -13,7 +13,7 @@ from omni_ros import __version__, commands
 from omni_ros.errors import OmniRosError
 
 # Order of subcommands in --help; modules not listed follow alphabetically.
-ORDER = ["up", "policy", "serve", "say", "eval", "sim", "train", "export", "bag", "config"]
+ORDER = ["up", "policy", "serve", "say", "eval", "sim", "train", "export", "bag", "config", "doctor", "run"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from omni_ros.control.config import ControlConfig
 from omni_ros.eval.config import EvalConfig
@@ -58,6 +58,14 @@ class RobotConfig:
     control_rate_hz: float = 50.0
     # Safe bring-up: compute and publish chunks, never commands.
     dry_run: bool = True
+    # How commands reach the robot's controller (omni_ros/nodes/command_interfaces.py):
+    #   joint_trajectory: trajectory_msgs/JointTrajectory on control.command_topic at control_rate_hz
+    #     (one point, the target now), for joint_trajectory_controller's topic or a custom driver;
+    #   forward_position: std_msgs/Float64MultiArray on topics.forward_command at control_rate_hz, in
+    #     joint_names order, for ros2_control's forward_command_controller (position interface);
+    #   follow_joint_trajectory: each chunk as one control_msgs/FollowJointTrajectory goal on
+    #     control.follow_joint_trajectory.action, the controller interpolating between its points.
+    command_interface: Literal["joint_trajectory", "forward_position", "follow_joint_trajectory"] = "joint_trajectory"
 
     def __post_init__(self) -> None:
         if not self.control_rate_hz > 0:
@@ -95,6 +103,8 @@ class TopicsConfig:
     # Optional std_msgs/Float64MultiArray copy of each command for forward controllers; empty -> off.
     forward_command: str = ""
     diagnostics: str = "/diagnostics"
+    # omni_ros/action/RunPolicy: run on a prompt until success, time-out or cancel (omni_ros/nodes/run_policy.py).
+    run_policy: str = "/omni_ros/run_policy"
 
 
 @dataclass
@@ -113,6 +123,19 @@ class OmniConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
+        if self.robot.command_interface == "forward_position" and not self.topics.forward_command:
+            raise FieldError(
+                "topics.forward_command",
+                "is empty but robot.command_interface is forward_position: name the forward_command_controller's "
+                "topic (e.g. /forward_position_controller/commands)",
+            )
+        fjt, joints = self.control.follow_joint_trajectory, len(self.robot.joint_names)
+        for key in ("path_position_tolerance", "goal_position_tolerance", "goal_velocity_tolerance"):
+            if len(getattr(fjt, key)) not in (0, 1, joints):
+                raise FieldError(
+                    f"control.follow_joint_trajectory.{key}",
+                    f"has {len(getattr(fjt, key))} values: give 0, 1 or one per joint ({joints})",
+                )
         # The replay's cameras default to the node's (see omni_ros.eval.replay.TopicMap), so they are checked here.
         names = [c.name for c in self.eval.cameras] or [c.name for c in self.topics.cameras]
         if not names:

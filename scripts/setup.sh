@@ -3,7 +3,9 @@
 #   1. the venv itself (.venv, or $OMNI_ROS_VENV),
 #   2. PyTorch (CPU build, pinned) and the Python dependencies, ROS 2 wheels and ONNX Runtime + QNN EP included,
 #   3. the custom messages in msg/, built with CMake into the venv,
-#   4. omni_ros itself in editable mode (the `omni-ros` command).
+#   4. control_msgs (FollowJointTrajectory, interfaces/control_msgs), built the same way only where no
+#      control_msgs is installed (there is no wheel; a sourced ROS install's is used instead),
+#   5. omni_ros itself in editable mode (the `omni-ros` command).
 # Each step records a fingerprint of its inputs and is skipped when nothing
 # changed, so a second run takes a second or two.
 set -euo pipefail
@@ -42,12 +44,12 @@ else
   echo "$deps" > "$STAMPS/deps"
 fi
 
-msgs=$(fingerprint CMakeLists.txt package.xml msg/*.msg)
+msgs=$(fingerprint CMakeLists.txt cmake/*.cmake package.xml msg/*.msg action/*.action)
 MSG_PREFIX="$VENV/lib/omni_ros_msgs"
 if up_to_date msgs "$msgs" && [ -d "$MSG_PREFIX/omni_ros/msg" ]; then
   log "messages up to date"
 else
-  log "building messages (msg/*.msg -> omni_ros.msg)"
+  log "building messages (msg/*.msg, action/*.action -> omni_ros.msg, omni_ros.action)"
   export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_INSTALL_PREFIX="$VENV" \
     -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF \
@@ -60,6 +62,27 @@ else
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   echo "$MSG_PREFIX" > "$site/omni_ros_msgs.pth"
   echo "$msgs" > "$STAMPS/msgs"
+fi
+
+# control_msgs: ours only where none is importable from elsewhere (a robot's ROS install on PYTHONPATH).
+cm_src="$ROOT/interfaces/control_msgs"
+cm=$(fingerprint cmake/*.cmake interfaces/control_msgs/CMakeLists.txt interfaces/control_msgs/package.xml \
+  interfaces/control_msgs/msg/*.msg interfaces/control_msgs/action/*.action)
+installed=$("$VENV/bin/python" -c 'import control_msgs, os; print(os.path.dirname(control_msgs.__file__))' 2>/dev/null || true)
+if [ -n "$installed" ] && [ "${installed#"$MSG_PREFIX"}" = "$installed" ]; then
+  log "control_msgs installed ($installed): using it"
+elif up_to_date control_msgs "$cm" && [ -d "$MSG_PREFIX/control_msgs/action" ]; then
+  log "control_msgs up to date"
+else
+  log "building control_msgs (interfaces/control_msgs: FollowJointTrajectory, no wheel exists)"
+  export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
+  cmake -S "$cm_src" -B "$ROOT/build/control_msgs" -DCMAKE_INSTALL_PREFIX="$VENV" \
+    -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF \
+    -DPYTHON_INSTALL_DIR=lib/omni_ros_msgs > "$STAMPS/control_msgs.log" 2>&1 \
+    && cmake --build "$ROOT/build/control_msgs" -j2 >> "$STAMPS/control_msgs.log" 2>&1 \
+    && cmake --install "$ROOT/build/control_msgs" >> "$STAMPS/control_msgs.log" 2>&1 \
+    || { tail -40 "$STAMPS/control_msgs.log" >&2; log "control_msgs build failed, log: $STAMPS/control_msgs.log"; exit 1; }
+  echo "$cm" > "$STAMPS/control_msgs"
 fi
 
 log "ready: $VENV (activate with: source $VENV/bin/activate)"

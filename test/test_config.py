@@ -151,6 +151,18 @@ BAD_VALUES = [
     ("eval: {rate_hz: -1}", "eval.rate_hz", "must be >= 0"),
     ("eval: {trigger_camera: side}", "eval.trigger_camera", "'side' is not one of the cameras ['base', 'wrist']"),
     ("topics: {cameras: []}", "eval.cameras", "no cameras configured"),
+    ("robot: {command_interface: forward_position}", "topics.forward_command", "name the forward_command_controller"),
+    (
+        "control: {follow_joint_trajectory: {goal_position_tolerance: [0.1, 0.1]}}",
+        "control.follow_joint_trajectory.goal_position_tolerance",
+        "give 0, 1 or one per joint (6)",
+    ),
+    (
+        "control: {follow_joint_trajectory: {path_position_tolerance: [-0.5]}}",
+        "control.follow_joint_trajectory.path_position_tolerance",
+        "must be >= 0 or -1",
+    ),
+    ("control: {follow_joint_trajectory: {action: ''}}", "control.follow_joint_trajectory.action", "must name"),
 ]
 
 

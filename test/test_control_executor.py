@@ -377,3 +377,21 @@ def test_concurrent_chunks_and_ticks_stay_consistent():
         assert cmd.positions is None or np.all(np.isfinite(cmd.positions))
     thread.join()
     assert not errors and executor.stats.chunks_accepted == 200
+
+
+def test_preview_is_the_plan_at_the_actions_ahead_within_the_limits():
+    # What follow_joint_trajectory sends: the newest chunk's actions still ahead, as the ticks would command them.
+    cfg = ControlConfig(blending="latest", max_velocity=[1.0], position_upper=[0.35])
+    ex = ActionChunkExecutor(1, cfg, control_rate_hz=50.0)
+    ex.observe_position([0.0])
+    assert ex.preview(0.0) is None  # no plan yet
+    actions = np.linspace(0.0, 0.5, 11)[:, None]  # 0.05 per 0.1 s: 0.5 units/s, within the speed limit
+    assert ex.add_chunk(actions, stamp=0.0, dt=0.1, now=0.25).accepted
+    times, points = ex.preview(0.25)
+    # Actions 3..10 are ahead of t = 0.25 (at 0.3 .. 1.0 s).
+    np.testing.assert_allclose(times, np.arange(3, 11) * 0.1 - 0.25, atol=1e-12)
+    # From the known position 0 the speed limit (1 unit/s) binds first, then the plan, then position_upper.
+    expected = np.minimum(np.minimum(actions[3:, 0], 1.0 * (times + 0.0)), 0.35)
+    np.testing.assert_allclose(points[:, 0], expected, atol=1e-12)
+    ex.pause()
+    assert ex.preview(0.25) is None  # nothing may be commanded while stopped

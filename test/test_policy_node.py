@@ -122,3 +122,25 @@ def test_inactive_node_publishes_no_chunk_or_command_even_when_asked(harness):
     harness.wait_state("running")
     harness.node._publish_chunk(Chunk(99, np.zeros((4, 3), np.float32), 1.0, 0.02, 0.01))
     assert harness.wait_for(lambda: any(c.chunk_id == 99 for c in harness.chunks), 3.0)
+
+
+def test_forward_position_interface_sends_float64_arrays_only():
+    """robot.command_interface forward_position: a Float64MultiArray per tick on topics.forward_command, in
+    robot.joint_names order, and no JointTrajectory."""
+    from std_msgs.msg import Float64MultiArray
+
+    def forward(cfg):
+        cfg.robot.command_interface = "forward_position"
+        cfg.topics.forward_command = "/forward_position_controller/commands"
+
+    h = Harness(configure=forward)
+    arrays: list[Float64MultiArray] = []
+    h.peer.create_subscription(Float64MultiArray, "/forward_position_controller/commands", arrays.append, 100)
+    h.start()
+    try:
+        h.wait_state("running")
+        assert h.wait_for(lambda: len(arrays) > 20)
+        assert all(len(a.data) == len(JOINTS) and np.all(np.isfinite(a.data)) for a in arrays)
+        assert not h.commands  # nothing on control.command_topic
+    finally:
+        h.close()

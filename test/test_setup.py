@@ -20,6 +20,9 @@ def _snapshot(venv: Path) -> dict[str, float]:
         venv / ".omni_ros" / "msgs",
         site / "omni_ros_msgs.pth",
         *sorted((venv / "lib" / "omni_ros_msgs" / "omni_ros").glob("*.so")),
+        # interfaces/control_msgs, where no control_msgs is installed (this venv)
+        venv / ".omni_ros" / "control_msgs",
+        *sorted((venv / "lib" / "omni_ros_msgs" / "control_msgs").glob("*.so")),
         *sorted(site.glob("torch-*.dist-info/RECORD")),
         *sorted(site.glob("omni_ros-*.dist-info/RECORD")),
     ]
@@ -39,5 +42,6 @@ def test_setup_twice_changes_nothing(root):
     assert second.returncode == 0, second.stderr
     assert "python dependencies up to date" in second.stdout
     assert "messages up to date" in second.stdout
+    assert "control_msgs up to date" in second.stdout
     assert "installing" not in second.stdout and "building" not in second.stdout
     assert _snapshot(venv) == before

@@ -55,6 +55,37 @@ class RtcConfig:
 
 
 @dataclass
+class FollowJointTrajectoryConfig:
+    """`robot.command_interface: follow_joint_trajectory`: each chunk goes to a control_msgs/FollowJointTrajectory
+    action server (ros2_control's joint_trajectory_controller, MoveIt's controller managers) as one trajectory."""
+
+    # The controller's action, e.g. /<controller>/follow_joint_trajectory.
+    action: str = "/arm_controller/follow_joint_trajectory"
+    # Tolerances sent with every goal, per joint: empty (the controller's defaults), one value for every joint
+    # or one per joint; 0 keeps the controller's default for that joint, -1 lifts its limit (control_msgs'
+    # JointTolerance). The controller aborts a goal that violates them, which fails a running RunPolicy goal.
+    path_position_tolerance: list[float] = field(default_factory=list)
+    goal_position_tolerance: list[float] = field(default_factory=list)
+    goal_velocity_tolerance: list[float] = field(default_factory=list)
+    # Leeway after the trajectory's end to reach the goal tolerance (s); 0: the controller's default.
+    goal_time_tolerance_s: float = 0.0
+    # Wait this long for the action server at start-up and per goal before reporting it missing (s).
+    server_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.action:
+            raise FieldError("action", "must name the controller's FollowJointTrajectory action")
+        for key in ("path_position_tolerance", "goal_position_tolerance", "goal_velocity_tolerance"):
+            values = getattr(self, key)
+            if not all(math.isfinite(v) and (v >= 0 or v == -1) for v in values):
+                raise FieldError(key, f"values must be >= 0 or -1 (no limit), got {values}")
+        if not (math.isfinite(self.goal_time_tolerance_s) and self.goal_time_tolerance_s >= 0):
+            raise FieldError("goal_time_tolerance_s", f"must be >= 0, got {self.goal_time_tolerance_s}")
+        if not self.server_timeout_s > 0:
+            raise FieldError("server_timeout_s", f"must be positive, got {self.server_timeout_s}")
+
+
+@dataclass
 class ControlConfig:
     """How chunks become commands, and the limits every command obeys."""
 
@@ -81,8 +112,10 @@ class ControlConfig:
     state_stale_s: float = 0.25
     # null: a prompt never goes stale (it is latched).
     prompt_stale_s: float | None = None
-    # Where joint commands go (trajectory_msgs/JointTrajectory, first point = target now).
+    # Where joint commands go with robot.command_interface joint_trajectory (trajectory_msgs/JointTrajectory,
+    # first point = target now).
     command_topic: str = "/arm_controller/joint_trajectory"
+    follow_joint_trajectory: FollowJointTrajectoryConfig = field(default_factory=FollowJointTrajectoryConfig)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.prefetch_threshold <= 1.0:

@@ -395,6 +395,41 @@ class ActionChunkExecutor:
             return ExecState.STALE_INPUT
         return ExecState.RUNNING if self._traj is not None else ExecState.IDLE
 
+    def newest_chunk_id(self) -> int | None:
+        """The id of the newest accepted chunk of the plan (None: no plan)."""
+        with self._lock:
+            return None if self._newest is None else self._newest.chunk_id
+
+    def preview(self, now: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """(seconds from `now`, positions): the plan at the newest chunk's action times still ahead, as the
+        ticks would command it (blending, position limits, the speed limit over each point's interval).
+
+        For a controller that interpolates a whole trajectory itself (follow_joint_trajectory). None when
+        nothing may be commanded (stopped, dry run, no plan, no known position under a speed limit) or no
+        action of the newest chunk is ahead of `now`.
+        """
+        with self._lock:
+            newest, traj, previous = self._newest, self._traj, self._base_position()
+            if self._stopped() or self.dry_run or newest is None or traj is None:
+                return None
+            if previous is None and self.limits.max_step is not None:
+                return None
+            first = max(0, math.floor((now - newest.start) / newest.dt + 1e-9) + 1)
+            times = newest.start + newest.dt * np.arange(first, newest.horizon)
+            if times.size == 0:
+                return None
+            points = np.empty((times.size, self.dim))
+            # The speed limit is a step per control tick: scale it to each point's interval.
+            limits = JointLimits(self.limits.lower, self.limits.upper, None)
+            t_prev = now
+            for i, t in enumerate(times):
+                point, _ = limits.clamp(traj.at(float(t)), None)
+                if self.limits.max_step is not None and previous is not None:
+                    step = self.limits.max_step * (float(t) - t_prev) * self.control_rate_hz
+                    point = np.clip(point, previous - step, previous + step)
+                points[i], previous, t_prev = point, point, float(t)
+            return times - now, points
+
     # ----- the control tick -----------------------------------------------------------------------------------
 
     def tick(self, now: float) -> Command:

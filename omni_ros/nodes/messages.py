@@ -96,8 +96,15 @@ def policy_state(
     last_error: str,
     exec_reason: str,
     dry_run: bool,
+    controller_error: str = "",
 ) -> tuple[int, str]:
-    """The PolicyStatus code and detail: repeated inference failures and lifecycle inactivity come first."""
+    """The PolicyStatus code and detail: a controller failure, repeated inference failures and lifecycle
+    inactivity come first."""
+    if controller_error:
+        return (
+            PolicyStatus.ERROR,
+            f"controller failure (holding; ~/resume or a new RunPolicy goal retries): {controller_error}",
+        )
     if consecutive_errors >= ERROR_AFTER:
         return PolicyStatus.ERROR, f"inference failing: {last_error}"
     if not active and state is ExecState.PAUSED:

@@ -101,11 +101,20 @@ class Counters:
             return Health(dict(self._counts), rate, self._last_inference_s, self._consecutive_errors, self._last_error)
 
 
+@dataclass(frozen=True)
+class _Text:
+    """What MessageFeed.prompt reads of a std_msgs/String (a goal's prompt arrives without one)."""
+
+    data: str
+
+
 class PolicyLoop:
     """Runs `policy` on the configured inputs: `start()` the control thread, `activate()` to let commands flow.
 
     `clock()` gives the time messages are stamped in (the node's clock); `on_chunk(Chunk)` is called from the
-    inference thread for every chunk, `on_command(positions, now)` from the control thread for every command.
+    inference thread for every chunk, `on_command(positions, now)` from the control thread for every command,
+    `on_halt()` when commands stop (a hold, or the first tick that commands nothing after ticks that did), so an
+    interface whose controller runs a whole trajectory (follow_joint_trajectory) can stop it there.
     """
 
     def __init__(
@@ -116,6 +125,7 @@ class PolicyLoop:
         on_chunk: Callable[[Chunk], None],
         on_command: Callable[[np.ndarray, float], None],
         log: Log,
+        on_halt: Callable[[], None] | None = None,
     ) -> None:
         control, robot = config.control, config.robot
         cameras = [c.name for c in config.topics.cameras]
@@ -142,11 +152,19 @@ class PolicyLoop:
         self._clock = clock
         self._on_chunk = on_chunk
         self._on_command = on_command
+        self._on_halt = on_halt
+        self._commanding = False  # the latest tick sent a command
+        # Why the controller failed (a rejected or aborted trajectory): commands stay stopped until a resume or a
+        # new task; '' when fine.
+        self.controller_error = ""
         self._log = log
         self._next_chunk_id = 0  # written by the one inference thread only
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inference")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="control", daemon=True)
+        # Held for a whole control tick, so `hold()` returns only once no tick can still publish a command
+        # (a RunPolicy cancel is acknowledged after that: nothing moves the robot after the acknowledgement).
+        self._tick_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -189,17 +207,57 @@ class PolicyLoop:
 
     def set_estop(self, engaged: bool) -> None:
         self.executor.set_estop(engaged)
+        if engaged:
+            self._halt()
         self._log.warning("E-STOP engaged" if engaged else "e-stop released; call ~/resume to continue")
 
     def pause(self) -> tuple[bool, str]:
         self.executor.pause()
         return True, "paused"
 
+    def hold(self) -> None:
+        """Stop commands at once: pause the executor and wait out a tick that may be publishing."""
+        with self._tick_lock:
+            self.executor.pause()
+            self._halt()
+
+    def controller_failed(self, reason: str) -> None:
+        """The controller refused or aborted what it was sent: stop commanding (a pause) and say why."""
+        self.controller_error = reason
+        self.executor.pause()
+        self._log.error(f"controller failure, holding: {reason}")
+
+    def _halt(self) -> None:
+        self._commanding = False
+        if self._on_halt is not None:
+            try:
+                self._on_halt()
+            except Exception as exc:  # the pause above already stops commands; a failed cancel is reported
+                self._log.error(f"stopping the controller failed: {exc}")
+
+    def start_task(self, prompt: str) -> None:
+        """A new RunPolicy goal: its prompt, a fresh plan, and commands again if the node is active (while
+        inactive, activation resumes them)."""
+        with self._tick_lock:
+            self.feed.prompt(_Text(prompt), self._clock())
+            self.executor.reset_plan()
+            self.controller_error = ""
+            if self.active and self.executor.state is not ExecState.ESTOPPED:
+                self.executor.resume()
+        self._log.info(f"goal prompt: '{prompt.strip()}'")
+
+    def waiting_for(self, now: float) -> str:
+        """Why no command goes out now ('' when inputs are fresh and the node is active)."""
+        if not self.active:
+            return "the node to be activated (lifecycle: configure, then activate)"
+        return self.feed.explain(self.assembler.check(now))
+
     def resume(self) -> tuple[bool, str]:
         if self.executor.state is ExecState.ESTOPPED:
             return False, "e-stop is engaged; release it first"
         if not self.active:
             return False, "node is not active"
+        self.controller_error = ""
         self.executor.resume()
         return True, "resumed"
 
@@ -221,6 +279,10 @@ class PolicyLoop:
 
     def tick(self) -> None:
         """One control tick: update the stale gate, start an inference when due, send the command."""
+        with self._tick_lock:
+            self._tick()
+
+    def _tick(self) -> None:
         now = self._clock()
         problem = self.assembler.check(now)
         self.executor.set_stale(problem is not None, self.feed.explain(problem))
@@ -232,6 +294,9 @@ class PolicyLoop:
         if command.publish and command.positions is not None:
             self._on_command(command.positions, now)
             self.counters.command(now)
+            self._commanding = True
+        elif self._commanding:
+            self._halt()
 
     def _start_inference(self, now: float) -> None:
         try:

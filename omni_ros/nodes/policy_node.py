@@ -21,9 +21,8 @@ from rclpy.lifecycle import Node as LifecycleNode
 from rclpy.lifecycle import State, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import Bool, Float64MultiArray, String
+from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
-from trajectory_msgs.msg import JointTrajectory
 
 from omni_ros.config import OmniConfig
 from omni_ros.control.executor import check_rtc_support
@@ -46,11 +45,13 @@ class PolicyNode(LifecycleNode):
         self._input_subs: list[Any] = []
         self._trigger_srvs: list[Any] = []
         self._chunk_pub: Any = None
-        self._command_pub: Any = None
-        self._forward_pub: Any = None
+        self._commands: Any = None  # the robot.command_interface (command_interfaces.py)
+        self._failures: list[str] = []  # controller failures, handed from the client's callbacks to a timer
+        self._failure_timer: Any = None
         self._status_pub: Any = None
         self._diag_pub: Any = None
         self._status_timer: Any = None
+        self._run_policy: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -80,7 +81,7 @@ class PolicyNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
 
         loop = self.loop = PolicyLoop(
-            cfg, self.policy, self._now, self._publish_chunk, self._publish_command, self.get_logger()
+            cfg, self.policy, self._now, self._publish_chunk, self._publish_command, self.get_logger(), self._halt
         )
         topics = cfg.topics
         for cam in topics.cameras:
@@ -95,18 +96,22 @@ class PolicyNode(LifecycleNode):
         self._input_subs += [
             self.create_subscription(JointState, topics.joint_states, loop.joint_state, qos_profile_sensor_data),
             self.create_subscription(String, topics.prompt, loop.prompt, LATCHED),
-            self.create_subscription(Bool, topics.estop, lambda m: loop.set_estop(bool(m.data)), 10),
+            self.create_subscription(Bool, topics.estop, lambda m: self._on_estop(bool(m.data)), 10),
         ]
         self._trigger_srvs = [
             self.create_service(Trigger, "~/pause", lambda _, r: _answer(r, *loop.pause())),
             self.create_service(Trigger, "~/resume", lambda _, r: _answer(r, *loop.resume())),
         ]
         self._chunk_pub = self.create_lifecycle_publisher(ActionChunk, topics.action_chunk, 10)
-        self._command_pub = self.create_lifecycle_publisher(JointTrajectory, cfg.control.command_topic, 10)
-        if topics.forward_command:
-            self._forward_pub = self.create_lifecycle_publisher(Float64MultiArray, topics.forward_command, 10)
+        from omni_ros.nodes import command_interfaces
+
+        self._commands = command_interfaces.make(self, cfg, loop, self._controller_failed)
+        self._failure_timer = self.create_timer(0.05, self._handle_failures)
         self._status_pub = self.create_publisher(PolicyStatus, cfg.status.topic, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, topics.diagnostics, 10)
+        from omni_ros.nodes.run_policy import RunPolicyServer
+
+        self._run_policy = RunPolicyServer(self, loop, topics.run_policy, cfg.robot.dry_run, 1.0 / cfg.status.rate_hz)
         loop.start()
         self._status_timer = self.create_timer(1.0 / cfg.status.rate_hz, self.publish_status)
         meta = self.policy.metadata
@@ -148,24 +153,36 @@ class PolicyNode(LifecycleNode):
         self._release(wait=True)
 
     def _release(self, wait: bool) -> None:
+        if self._run_policy is not None:
+            self._run_policy.destroy()  # its goal ends aborted, the robot holding
+            self._run_policy = None
         if self.loop is not None:
             self.loop.close(wait=wait)
             self.loop = None
-        if self._status_timer is not None:
-            self.destroy_timer(self._status_timer)
-            self._status_timer = None
+        for timer in (self._status_timer, self._failure_timer):
+            if timer is not None:
+                self.destroy_timer(timer)
+        self._status_timer = self._failure_timer = None
+        if self._commands is not None:
+            self._commands.destroy()
+            self._commands = None
         for sub in self._input_subs:
             self.destroy_subscription(sub)
         for srv in self._trigger_srvs:
             self.destroy_service(srv)
         self._input_subs, self._trigger_srvs = [], []
-        for pub in (self._chunk_pub, self._command_pub, self._forward_pub):
-            if pub is not None:
-                self.destroy_lifecycle_publisher(pub)
+        if self._chunk_pub is not None:
+            self.destroy_lifecycle_publisher(self._chunk_pub)
         for pub in (self._status_pub, self._diag_pub):
             if pub is not None:
                 self.destroy_publisher(pub)
-        self._chunk_pub = self._command_pub = self._forward_pub = self._status_pub = self._diag_pub = None
+        self._chunk_pub = self._status_pub = self._diag_pub = None
+
+    def _on_estop(self, engaged: bool) -> None:
+        if self.loop is not None:
+            self.loop.set_estop(engaged)
+        if self._run_policy is not None:
+            self._run_policy.on_estop(engaged)
 
     # -- outputs -----------------------------------------------------------------------------------------------
 
@@ -180,12 +197,27 @@ class PolicyNode(LifecycleNode):
             pub.publish(messages.action_chunk(c.chunk_id, joints, c.actions, c.stamp, c.dt, c.inference_s, backend))
 
     def _publish_command(self, positions: np.ndarray, now: float) -> None:
-        robot = self.config.robot
-        command, forward = self._command_pub, self._forward_pub
-        if command is not None:
-            command.publish(messages.joint_command(robot.joint_names, positions, now, 1.0 / robot.control_rate_hz))
-        if forward is not None:
-            forward.publish(messages.forward_command(positions))
+        commands = self._commands
+        if commands is not None:
+            commands.send(positions, now)
+
+    def _halt(self) -> None:
+        commands = self._commands
+        if commands is not None:
+            commands.halt()
+
+    def _controller_failed(self, reason: str) -> None:
+        # The action client's callback thread: stop at once (the executor's pause takes only its own lock), and
+        # leave the RunPolicy goal to the timer, outside the client's callback.
+        if self.loop is not None:
+            self.loop.controller_failed(reason)
+        self._failures.append(reason)
+
+    def _handle_failures(self) -> None:
+        while self._failures:
+            reason = self._failures.pop(0)
+            if self._run_policy is not None:
+                self._run_policy.on_controller_failure(reason)
 
     def publish_status(self) -> PolicyStatus | None:
         loop, policy = self.loop, self.policy
@@ -200,6 +232,7 @@ class PolicyNode(LifecycleNode):
             last_error=health.last_error,
             exec_reason=loop.exec_reason,
             dry_run=self.config.robot.dry_run,
+            controller_error=loop.controller_error,
         )
         msg = messages.policy_status(
             now,

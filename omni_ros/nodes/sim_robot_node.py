@@ -8,6 +8,7 @@ Publishes, from the config's `sim:` section,
 - `sensor_msgs/JointState` (names, positions, velocities) on `joint_state_topic` at `joint_state_rate_hz`;
 - the episode's prompt as `std_msgs/String` on `prompt_topic` (transient-local: late joiners get it);
 - the episode (seed, target, prompt, success, time) as JSON `std_msgs/String` on `episode_topic`;
+- `std_msgs/Bool` on `success_topic`: true when the episode succeeds, false when the next one starts;
 and follows `trajectory_msgs/JointTrajectory` on `control.command_topic` (the first point is the position
 target now; joints matched by name). `std_srvs/Trigger` on `reset_service` starts the next episode, as does
 the end of an episode after `auto_reset_s`.
@@ -26,7 +27,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
@@ -59,6 +60,8 @@ class SimRobotNode(Node):
         self._joint_pub = self.create_publisher(JointState, sim.joint_state_topic, SENSOR_QOS)
         self._prompt_pub = self.create_publisher(String, sim.prompt_topic, LATCHED_QOS)
         self._episode_pub = self.create_publisher(String, sim.episode_topic, LATCHED_QOS)
+        # Volatile: a late subscriber (a RunPolicy goal) must see the next success, not an old episode's.
+        self._success_pub = self.create_publisher(Bool, sim.success_topic, COMMAND_QOS)
         self.create_subscription(
             JointTrajectory, config.control.command_topic, self._on_command, COMMAND_QOS, callback_group=self._group
         )
@@ -87,6 +90,7 @@ class SimRobotNode(Node):
         self._ended_at = None
         self._last_step = time.monotonic()
         self._prompt_pub.publish(String(data=self.env.task.prompt))
+        self._success_pub.publish(Bool(data=False))
         self._publish_episode()
         self.get_logger().info(f"episode seed {seed}: '{self.env.task.prompt}' (blocks {self.env.scene.colors})")
 
@@ -127,6 +131,7 @@ class SimRobotNode(Node):
                 f"success: reached the {self.env.task.target} block in {self.env.succeeded_at:.2f} s"
             )
             self._publish_episode()
+            self._success_pub.publish(Bool(data=True))
         ended = self.env.succeeded_at is not None or self.env.done
         if ended and self._ended_at is None:
             self._ended_at = now

@@ -73,6 +73,8 @@ class SimConfig:
     joint_state_topic: str = "/joint_states"
     prompt_topic: str = "/omni_ros/prompt"
     episode_topic: str = "/sim/episode"
+    # std_msgs/Bool: true when an episode succeeds, false when the next starts (a RunPolicy goal's success_topic).
+    success_topic: str = "/sim/success"
     reset_service: str = "/sim/reset"
     # Settings of the SO-101 simulator only.
     so101: So101Config = field(default_factory=So101Config)
