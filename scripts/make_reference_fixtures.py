@@ -1354,6 +1354,8 @@ def main() -> int:
             manifest = generate(fresh, args.threads)
             (fresh / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
             write_rtc(fresh, args.threads)
+            if (target / PI0FAST_MANIFEST).exists():
+                write_pi0fast(fresh, args.threads)
             if (target / "README.md").exists():
                 shutil.copyfile(target / "README.md", fresh / "README.md")
             worst, problems = compare_trees(target, fresh)

@@ -54,6 +54,11 @@ def describe(checkpoint) -> dict:
             "max_tokens": cfg.tokenizer.max_tokens,
             "source": checkpoint.tokenizer_source or "built in",
         },
+        **(
+            {"fast_tokenizer": cfg.fast.path, "max_decoding_steps": cfg.max_decoding_steps}
+            if checkpoint.family == "pi0_fast"
+            else {}
+        ),
     }
 
 
