@@ -246,3 +246,20 @@ def test_policy_info_json(root):
     info = json.loads(subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True, timeout=120).stdout)
     assert info["family"] == "pi0_fast" and info["action_horizon"] == 8 and info["max_decoding_steps"] == 40
     assert info["fast_tokenizer"].endswith("pi0fast_3cam/fast_tokenizer")
+
+
+def test_through_the_bridge_with_the_real_openpi_client():
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from omni_ros.serving.config import ServeConfig
+    from omni_ros.serving.server import ServerThread
+
+    pol = policy("pi0fast_1cam")
+    _, data = case_data("pi0fast_1cam", "obs_a")
+    with ServerThread(pol, ServeConfig(port=0)) as server:
+        client = WebsocketClientPolicy(server.url)
+        assert client.get_server_metadata().get("noise_shape") is None  # nothing to send: greedy decoding
+        result = client.infer(observation("pi0fast_1cam", "obs_a"))
+    np.testing.assert_allclose(result["actions"], data["actions"][0], rtol=0, atol=ACTION_TOL)
+    assert result["action_tokens"].tolist() == data["action_tokens"][0].tolist()
+    assert result["policy_timing"]["tokens_per_s"] > 0

@@ -6,10 +6,11 @@ is the head (the token embedding, tied, read as logits), the prompt and the deco
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from omni_ros.observation import ObservationSpec
+from omni_ros.policy.base import PolicyMetadata
 from omni_ros.policy.family_base import ChunkConfig
 from omni_ros.policy.pi0.configuration import TransformerConfig, VisionConfig
 from omni_ros.policy.tokenizer import TokenizerConfig
@@ -72,6 +73,10 @@ class Pi0FastConfig(ChunkConfig):
             image_size=self.vision.image_size,
             required_cameras=(),
         )
+
+    def policy_metadata(self, model: str, backend: str) -> PolicyMetadata:
+        # No noise to announce: a greedy token decoder takes none (a client sending some is refused).
+        return replace(super().policy_metadata(model, backend), noise_shape=None)
 
     @property
     def prefix_len(self) -> int:
