@@ -1624,20 +1624,59 @@ def inference_layout_loss(policy, batch) -> torch.Tensor:
     return (loss * weights).sum() / weights.sum()
 
 
-def teach(policy, pre, spec: FastSpec, steps: int = 400, lr: float = 3e-3) -> list[float]:
-    """Shape the random weights with LeRobot's own training objective (`PI0FastPytorch.forward`, next-token cross
-    entropy on [BOS, "Action: ", FAST tokens, "|"]) until each taught observation decodes its own chunk: plain
-    random weights never emit a FAST token (DESIGN.md 8c). The targets are in robot units: LeRobot's
-    preprocessor normalizes and tokenizes them."""
-    batches = []
+def generalisation_samples(spec: FastSpec, count: int, seed: int) -> list[tuple[dict, str, np.ndarray]]:
+    """Extra (observation, prompt, normalized target) pairs the tiny model is also taught, so that observations it
+    was never shown (a node's black frames, an evaluator's synthetic bag: flat grey with a bright bar) still
+    decode to a well-formed sequence instead of an immediate end marker: uint8 noise, flat or barred frames of
+    several sizes, states from the statistics or small robot-unit values, either prompt."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(count):
+        obs: dict[str, np.ndarray] = {}
+        for key, h, w in CAMERAS[: spec.num_cameras]:
+            if rng.random() < 0.15 and obs:
+                continue  # a camera missing now and then
+            side = int(rng.choice([32, 48]))
+            kind = rng.integers(3)
+            shape = (h, w, 3) if kind == 0 else (side, side, 3)
+            if kind == 0:
+                image = rng.integers(0, 256, shape, dtype=np.uint8)
+            else:
+                image = np.full(shape, int(rng.integers(0, 120)), dtype=np.uint8)
+                if kind == 2:
+                    x = int(rng.integers(0, side - 2))
+                    image[:, x : x + 2] = 230
+            obs[key] = image
+        s = spec.stats["observation.state"]
+        if rng.random() < 0.5:
+            state = s["mean"] + s["std"] * rng.normal(0.0, 1.0, s["mean"].shape)
+        else:
+            state = rng.uniform(-1.0, 1.0, s["mean"].shape)
+        obs["observation.state"] = state.astype(np.float32)
+        prompt = FAST_PROMPT if rng.random() < 0.5 else "Pick up the RED cube"
+        samples.append((obs, prompt, smooth_chunk(rng, spec.chunk_size, spec.action_dim)))
+    return samples
+
+
+def teach(policy, pre, spec: FastSpec, steps: int = 500, lr: float = 3e-3, extras: int = 32) -> list[float]:
+    """Shape the random weights with next-token cross entropy on [BOS, "Action: ", FAST tokens, "|"] (LeRobot's own
+    action tokenizer step makes the targets) until each taught observation decodes its own chunk: plain random
+    weights never emit a FAST token (DESIGN.md 8c). The targets are in robot units: LeRobot's preprocessor
+    normalizes and tokenizes them. Every step: one taught case and three generalisation samples."""
+    a = spec.stats["action"]
+
+    def batch_of(obs, prompt, target):
+        return fast_batch(policy, pre, obs, prompt, target * (a["std"] + 1e-8) + a["mean"])
+
+    taught = []
     for case in spec.cases:
         if not case.train:
             continue
         cams = [c for c in CAMERAS[: spec.num_cameras] if c[0] in case.present]
         obs = robot_observation(case.obs_seed, cams, spec.stats)
         target = smooth_chunk(np.random.default_rng(case.target_seed), spec.chunk_size, spec.action_dim)
-        a = spec.stats["action"]
-        batches.append(fast_batch(policy, pre, obs, case.prompt, target * (a["std"] + 1e-8) + a["mean"]))
+        taught.append(batch_of(obs, case.prompt, target))
+    pool = [batch_of(*sample) for sample in generalisation_samples(spec, extras, spec.weight_seed + 2)]
     model = policy.model
     _fast_embed_tokens(policy).weight = _fast_lm_head(policy).weight  # tied while taught (as LeRobot loads them)
     params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
@@ -1646,13 +1685,13 @@ def teach(policy, pre, spec: FastSpec, steps: int = 400, lr: float = 3e-3) -> li
     losses = []
     gen = torch.Generator().manual_seed(spec.weight_seed + 1)
     for step in range(steps):
-        batch = batches[int(torch.randint(len(batches), (1,), generator=gen))] if step % 2 else None
+        chosen = [taught[step % len(taught)]] + [pool[int(i)] for i in torch.randint(len(pool), (3,), generator=gen)]
         total = 0.0
         opt.zero_grad()
-        for b in [batch] if batch is not None else batches:
-            out = {"loss": inference_layout_loss(policy, b)}
-            out["loss"].backward()
-            total += float(out["loss"])
+        for b in chosen:
+            loss = inference_layout_loss(policy, b) / len(chosen)
+            loss.backward()
+            total += float(loss)
         opt.step()
         losses.append(total)
         if os.environ.get("FAST_TEACH_LOG") and step % 50 == 0:
