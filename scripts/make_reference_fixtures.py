@@ -1407,12 +1407,13 @@ FAST_SKIP = 128  # config.fast_skip_tokens (LeRobot's default)
 # PaliGemma-shaped text vocabulary: the tiny pieces, "|" (the end marker) and the word "Action", padded with
 # unused pieces so that the FAST ids (vocab - 1 - 128 - id) land in its top, above every piece text produces.
 FAST_TEXT_VOCAB = 640
+FAST_SIZES = {"image_size": PI_IMAGE_SIZE, "vocab": FAST_TEXT_VOCAB}  # the benchmark's edge model changes them
 FAST_PROMPT = "Pick up the RED cube, then place_it on the tray!"  # "_" becomes " " in the pi0-FAST prompt
 
 
-def fast_text_tokenizer() -> transformers.PreTrainedTokenizerFast:
+def fast_text_tokenizer(vocab_size: int = FAST_TEXT_VOCAB) -> transformers.PreTrainedTokenizerFast:
     return wrap_tokenizer(
-        build_paligemma_like_tokenizer(extra_chars="|", words=("Action",), vocab_size=FAST_TEXT_VOCAB),
+        build_paligemma_like_tokenizer(extra_chars="|", words=("Action",), vocab_size=vocab_size),
         bos_token="<bos>",
         eos_token="<eos>",
         pad_token="<pad>",
@@ -1454,14 +1455,14 @@ def smooth_chunk(rng: np.random.Generator, horizon: int, dim: int) -> np.ndarray
     return (offset + ramp * t + wave * np.sin(np.pi * t)).astype(np.float32)
 
 
-def fit_fast_tokenizer(folder: Path, seed: int, horizon: int, dim: int, count: int = 400):
+def fit_fast_tokenizer(folder: Path, seed: int, horizon: int, dim: int, count: int = 400, vocab: int = FAST_VOCAB):
     """LeRobot's FAST processor fitted on random smooth chunks (its `fit()`), saved in `folder`: tokenizer.json
     and processor_config.json (scale, vocab_size, min_token, time_horizon, action_dim)."""
     rng = np.random.default_rng(seed)
     chunks = [smooth_chunk(rng, horizon, dim) for _ in range(count)]
     with quiet():
         processor = _fast_processor_class().fit(
-            chunks, scale=10, vocab_size=FAST_VOCAB, time_horizon=horizon, action_dim=dim
+            chunks, scale=10, vocab_size=vocab, time_horizon=horizon, action_dim=dim
         )
     folder.mkdir(parents=True, exist_ok=True)
     processor.tokenizer.save_pretrained(str(folder))
@@ -1551,14 +1552,13 @@ def install_fast_patches() -> None:
         return mod.GemmaConfig(**PI_SIZES.gemma[variant])
 
     def paligemma(config):
-        config.text_config.vocab_size = FAST_TEXT_VOCAB
-        config._vocab_size = FAST_TEXT_VOCAB
-        config.image_token_index = FAST_TEXT_VOCAB - 1
         for key, value in PI_SIZES.siglip.items():
             setattr(config.vision_config, key, value)
         config.vision_config.projection_dim = config.text_config.hidden_size
         # LeRobot's pi0-FAST leaves SigLIP at 224 px whatever image_resolution says: the tiny tile is ours.
-        config.vision_config.image_size = PI_IMAGE_SIZE
+        config.vision_config.image_size = FAST_SIZES["image_size"]
+        config.text_config.vocab_size = config._vocab_size = FAST_SIZES["vocab"]
+        config.image_token_index = FAST_SIZES["vocab"] - 1
         return orig_paligemma(config)
 
     mod.get_gemma_config = get_gemma_config
