@@ -18,6 +18,7 @@ patched small so that everything committed stays well under 3 MB; every paramete
     .venv-lerobot/bin/python scripts/make_reference_fixtures.py --out test/fixtures/reference
     .venv-lerobot/bin/python scripts/make_reference_fixtures.py --check   # regenerate elsewhere and compare
     .venv-lerobot/bin/python scripts/make_reference_fixtures.py --rtc-only  # only the RTC cases, on saved folders
+    .venv-lerobot/bin/python scripts/make_reference_fixtures.py --pi0fast-only  # only the pi0-FAST fixtures
 """
 
 from __future__ import annotations
@@ -115,11 +116,16 @@ def _learn_merges(word_counts: dict[tuple[str, ...], int], num_merges: int) -> l
     return merges
 
 
-def build_paligemma_like_tokenizer(num_merges: int = 48) -> tokenizers.Tokenizer:
+def build_paligemma_like_tokenizer(
+    num_merges: int = 48, extra_chars: str = "", words: tuple[str, ...] = (), vocab_size: int | None = None
+) -> tokenizers.Tokenizer:
     """A SentencePiece-style BPE like PaliGemma's: "▁" marks spaces, byte fallback, BOS added by the post-processor.
 
     Special ids follow Gemma: <pad>=0, <eos>=1, <bos>=2, <unk>=3; then the 256 <0xXX> byte tokens, the base
     characters and the merges. Characters outside the vocabulary ("!", "_", "?") fall back to byte tokens.
+    pi0-FAST needs more (`extra_chars` such as its "|" end marker, whole `words` such as "Action" built by merges
+    that come first, and `vocab_size`: never-produced "<unused_i>" pieces up to that size, the range whose top the
+    FAST action tokens take, as PaliGemma's 257152 pieces end in tokens text never produces).
     """
     from tokenizers import decoders, models, pre_tokenizers, processors
 
@@ -127,15 +133,19 @@ def build_paligemma_like_tokenizer(num_merges: int = 48) -> tokenizers.Tokenizer
     vocab: dict[str, int] = {tok: i for i, tok in enumerate(specials)}
     for b in range(256):
         vocab[f"<0x{b:02X}>"] = len(vocab)
-    for ch in BASE_CHARS.replace(" ", "▁"):
+    for ch in (BASE_CHARS + extra_chars).replace(" ", "▁"):
         vocab.setdefault(ch, len(vocab))
     counts: Counter[tuple[str, ...]] = Counter()
     for i, piece in enumerate(CORPUS.split(" ")):
         text = piece if i == 0 else "▁" + piece
         counts[tuple(text)] += 1
-    merges = _learn_merges(counts, num_merges)
+    word_merges = [(w[:i], w[i]) for w in words for i in range(1, len(w))]
+    merges = word_merges + _learn_merges(counts, num_merges)
     for a, b in merges:
         vocab.setdefault(a + b, len(vocab))
+    if vocab_size is not None:
+        for i in range(vocab_size - len(vocab)):
+            vocab[f"<unused_{i}>"] = len(vocab)
     tok = tokenizers.Tokenizer(
         models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
     )
@@ -1326,6 +1336,11 @@ def main() -> int:
         action="store_true",
         help=f"only (re)write the guided-RTC cases and {RTC_MANIFEST} from the fixture folders already in --out",
     )
+    parser.add_argument(
+        "--pi0fast-only",
+        action="store_true",
+        help=f"only (re)write the pi0-FAST fixtures and {PI0FAST_MANIFEST} (the other fixtures are untouched)",
+    )
     args = parser.parse_args()
     if lerobot.__version__ != LEROBOT_VERSION:
         print(f"warning: LeRobot {lerobot.__version__}, the fixtures are defined against {LEROBOT_VERSION}")
@@ -1339,6 +1354,8 @@ def main() -> int:
             manifest = generate(fresh, args.threads)
             (fresh / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
             write_rtc(fresh, args.threads)
+            if (target / PI0FAST_MANIFEST).exists():
+                write_pi0fast(fresh, args.threads)
             if (target / "README.md").exists():
                 shutil.copyfile(target / "README.md", fresh / "README.md")
             worst, problems = compare_trees(target, fresh)
@@ -1348,6 +1365,13 @@ def main() -> int:
             return 0 if not problems and worst == 0.0 else 1
     t0 = time.perf_counter()
     checks: dict[str, float] = {}
+    if args.pi0fast_only:
+        print(f"writing pi0-FAST fixtures to {target}", flush=True)
+        doc = write_pi0fast(target, args.threads)
+        print(f"done in {time.perf_counter() - t0:.1f} s; {tree_size(target) / 1e6:.2f} MB in {target}")
+        for name, value in doc["checks"].items():
+            print(f"  check {name}: {value:.3g}")
+        return 0
     if not args.rtc_only:
         print(f"writing reference fixtures to {target}", flush=True)
         manifest = generate(target, args.threads)
@@ -1369,6 +1393,508 @@ def write_rtc(out: Path, threads: int) -> dict:
         old.unlink()  # a renamed or dropped case must not linger
     doc = record_rtc(out, threads)
     (out / RTC_MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# pi0-FAST (`--pi0fast-only`): tiny autoregressive policies, their FAST action tokenizer fitted here
+# ----------------------------------------------------------------------------------------------------------------
+
+PI0FAST_MANIFEST = "pi0fast.json"
+FAST_DIRNAME = "fast_tokenizer"  # action_tokenizer_name "./fast_tokenizer", resolved against the checkpoint folder
+FAST_VOCAB = 128  # BPE vocabulary of the fitted FAST tokenizer (the hub's has 1024; 128 keeps the fixture tiny)
+FAST_SKIP = 128  # config.fast_skip_tokens (LeRobot's default)
+# PaliGemma-shaped text vocabulary: the tiny pieces, "|" (the end marker) and the word "Action", padded with
+# unused pieces so that the FAST ids (vocab - 1 - 128 - id) land in its top, above every piece text produces.
+FAST_TEXT_VOCAB = 640
+FAST_SIZES = {"image_size": PI_IMAGE_SIZE, "vocab": FAST_TEXT_VOCAB}  # the benchmark's edge model changes them
+FAST_PROMPT = "Pick up the RED cube, then place_it on the tray!"  # "_" becomes " " in the pi0-FAST prompt
+
+
+def fast_text_tokenizer(vocab_size: int = FAST_TEXT_VOCAB) -> transformers.PreTrainedTokenizerFast:
+    return wrap_tokenizer(
+        build_paligemma_like_tokenizer(extra_chars="|", words=("Action",), vocab_size=vocab_size),
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="right",
+        truncation_side="right",
+    )
+
+
+def _fast_processor_class():
+    from lerobot.policies.molmoact2.molmoact2_hf_model.action_tokenizer import UniversalActionProcessor
+
+    return UniversalActionProcessor
+
+
+class _LocalAutoProcessor:
+    """Stands in for `transformers.AutoProcessor` in LeRobot's pi0-FAST policy and action-tokenizer step: a
+    relative action_tokenizer_name resolves against the checkpoint folder being built or loaded (`folder`), and
+    loads with LeRobot's own FAST processor class (`from_pretrained_local`); nothing else is allowed."""
+
+    folder: ClassVar[Path | None] = None
+
+    @classmethod
+    def from_pretrained(cls, name, *args, **kwargs):
+        path = Path(str(name))
+        if not path.is_absolute() and cls.folder is not None:
+            path = cls.folder / path
+        if not path.is_dir():
+            raise FileNotFoundError(f"no FAST tokenizer folder at {path}")
+        return _fast_processor_class().from_pretrained_local(str(path))
+
+
+def smooth_chunk(rng: np.random.Generator, horizon: int, dim: int) -> np.ndarray:
+    """A normalized action chunk a robot could follow: a random offset plus a slow ramp and a half sine."""
+    t = np.linspace(0.0, 1.0, horizon)[:, None]
+    offset = rng.uniform(-0.8, 0.8, dim)
+    ramp = rng.uniform(-0.6, 0.6, dim)
+    wave = rng.uniform(-0.4, 0.4, dim)
+    return (offset + ramp * t + wave * np.sin(np.pi * t)).astype(np.float32)
+
+
+def fit_fast_tokenizer(folder: Path, seed: int, horizon: int, dim: int, count: int = 400, vocab: int = FAST_VOCAB):
+    """LeRobot's FAST processor fitted on random smooth chunks (its `fit()`), saved in `folder`: tokenizer.json
+    and processor_config.json (scale, vocab_size, min_token, time_horizon, action_dim)."""
+    rng = np.random.default_rng(seed)
+    chunks = [smooth_chunk(rng, horizon, dim) for _ in range(count)]
+    with quiet():
+        processor = _fast_processor_class().fit(
+            chunks, scale=10, vocab_size=vocab, time_horizon=horizon, action_dim=dim
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    processor.tokenizer.save_pretrained(str(folder))
+    config = {
+        "processor_class": "UniversalActionProcessor",
+        "scale": processor.scale,
+        "vocab_size": processor.vocab_size,
+        "min_token": processor.min_token,
+        "time_horizon": horizon,
+        "action_dim": dim,
+    }
+    (folder / "processor_config.json").write_text(json.dumps(config, indent=1) + "\n")
+    return processor
+
+
+@dataclass
+class FastCase:
+    name: str
+    present: list[str]
+    obs_seed: int
+    target_seed: int  # the normalized chunk the tiny model is taught to emit for this observation
+    prompt: str = FAST_PROMPT
+    note: str = ""
+    train: bool = True  # taught; an untaught case shows what a half-trained model decodes
+
+
+@dataclass
+class FastSpec:
+    name: str
+    num_cameras: int
+    state_dim: int
+    action_dim: int
+    chunk_size: int
+    n_action_steps: int
+    weight_seed: int
+    stats_seed: int
+    cases: list[FastCase]
+    config_kwargs: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+
+def fast_specs() -> list[FastSpec]:
+    cams = [c[0] for c in CAMERAS]
+    return [
+        FastSpec(
+            "pi0fast_1cam",
+            1,
+            6,
+            6,
+            10,
+            10,
+            5000,
+            500,
+            [
+                FastCase("obs_a", cams[:1], 91, 191),
+                FastCase("obs_b", cams[:1], 92, 192, note="another observation: another taught sequence"),
+            ],
+        ),
+        FastSpec(
+            "pi0fast_3cam",
+            3,
+            8,
+            7,
+            10,
+            8,
+            6000,
+            600,
+            [
+                FastCase("all_cameras", cams, 93, 193),
+                FastCase("missing_left_wrist", [cams[0], cams[2]], 94, 194, note="declared middle camera absent"),
+                FastCase("missing_top", cams[1:], 95, 195, note="declared first camera absent"),
+                FastCase("untaught", cams, 96, 196, train=False, note="never taught: whatever the weights decode"),
+            ],
+        ),
+    ]
+
+
+def install_fast_patches() -> None:
+    """Shrink LeRobot's pi0-FAST like pi0 (sizes, vocabulary) and route its tokenizers to local folders."""
+    from lerobot.policies.pi0_fast import modeling_pi0_fast as mod
+
+    if getattr(mod, "_omni_patched", False):
+        return
+    orig_paligemma = mod.PaliGemmaForConditionalGenerationWithPiGemma
+
+    def get_gemma_config(variant):
+        return mod.GemmaConfig(**PI_SIZES.gemma[variant])
+
+    def paligemma(config):
+        for key, value in PI_SIZES.siglip.items():
+            setattr(config.vision_config, key, value)
+        config.vision_config.projection_dim = config.text_config.hidden_size
+        # LeRobot's pi0-FAST leaves SigLIP at 224 px whatever image_resolution says: the tiny tile is ours.
+        config.vision_config.image_size = FAST_SIZES["image_size"]
+        config.text_config.vocab_size = config._vocab_size = FAST_SIZES["vocab"]
+        config.image_token_index = FAST_SIZES["vocab"] - 1
+        return orig_paligemma(config)
+
+    mod.get_gemma_config = get_gemma_config
+    mod.PaliGemmaForConditionalGenerationWithPiGemma = paligemma
+    mod.AutoProcessor = _LocalAutoProcessor
+    mod.AutoTokenizer = _LocalAutoTokenizer
+    tokenizer_processor.AutoProcessor = _LocalAutoProcessor
+    mod._omni_patched = True
+
+
+def fast_policy_classes():
+    from lerobot.policies.pi0_fast.configuration_pi0_fast import PI0FastConfig
+    from lerobot.policies.pi0_fast.modeling_pi0_fast import PI0FastPolicy
+    from lerobot.policies.pi0_fast.processor_pi0_fast import make_pi0_fast_pre_post_processors
+
+    return PI0FastConfig, PI0FastPolicy, make_pi0_fast_pre_post_processors
+
+
+def _fast_lm_head(policy):
+    return policy.model.paligemma_with_expert.paligemma.lm_head
+
+
+def _fast_embed_tokens(policy):
+    return policy.model.paligemma_with_expert.paligemma.model.language_model.embed_tokens
+
+
+def fast_batch(policy, pre, obs: dict[str, np.ndarray], prompt: str, action: np.ndarray | None = None):
+    frame = prepare_observation_for_inference(
+        {k: v.copy() for k, v in obs.items()}, torch.device("cpu"), task=prompt, robot_type=""
+    )
+    if action is not None:
+        frame["action"] = torch.from_numpy(action)[None]
+    return pre(frame)
+
+
+def inference_layout_loss(policy, batch) -> torch.Tensor:
+    """Next-token cross entropy of [BOS, "Action: ", FAST tokens, "|"] in the layout LeRobot decodes with: the BOS
+    at the end of the bidirectional image + prompt block (LeRobot's training `forward` keeps it in the causal
+    action block, and a model taught that way decodes its first token from a different context). Built from
+    LeRobot's own embed_prefix_fast / language model / lm_head."""
+    model = policy.model
+    images, img_masks = policy._preprocess_images(batch)
+    tokens, masks = batch["observation.language.tokens"], batch["observation.language.attention_mask"]
+    targets, target_mask = batch["action.tokens"], batch["action.token_mask"].bool()
+    bos, targets, target_mask = targets[:, :1], targets[:, 1:], target_mask[:, 1:]
+    embs, pad_masks, att_masks, _, _ = model.embed_prefix_fast(
+        images,
+        img_masks,
+        torch.cat([tokens, bos], dim=1),
+        torch.cat([masks, torch.ones_like(masks[:, :1])], dim=1),
+        fast_action_tokens=targets,
+        fast_action_masks=target_mask,
+    )
+    position_ids = torch.cumsum(pad_masks, dim=1) - 1
+    att_4d = modeling_pi0.prepare_attention_masks_4d(att_masks, dtype=embs.dtype)
+    (hidden, _), _ = model.paligemma_with_expert.forward(
+        attention_mask=att_4d, position_ids=position_ids, inputs_embeds=[embs, None], use_cache=False
+    )
+    n = targets.shape[1]
+    logits = _fast_lm_head(policy)(hidden[:, -n - 1 : -1])  # the BOS predicts the first target, and so on
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    weights = target_mask.flatten().float()
+    return (loss * weights).sum() / weights.sum()
+
+
+def generalisation_samples(spec: FastSpec, count: int, seed: int) -> list[tuple[dict, str, np.ndarray]]:
+    """Extra (observation, prompt, normalized target) pairs the tiny model is also taught, so that observations it
+    was never shown (a node's black frames, an evaluator's synthetic bag: flat grey with a bright bar) still
+    decode to a well-formed sequence instead of an immediate end marker: uint8 noise, flat or barred frames of
+    several sizes, states from the statistics or small robot-unit values, either prompt."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(count):
+        obs: dict[str, np.ndarray] = {}
+        for key, h, w in CAMERAS[: spec.num_cameras]:
+            if rng.random() < 0.15 and obs:
+                continue  # a camera missing now and then
+            side = int(rng.choice([32, 48]))
+            kind = rng.integers(3)
+            shape = (h, w, 3) if kind == 0 else (side, side, 3)
+            if kind == 0:
+                image = rng.integers(0, 256, shape, dtype=np.uint8)
+            else:
+                image = np.full(shape, int(rng.integers(0, 120)), dtype=np.uint8)
+                if kind == 2:
+                    x = int(rng.integers(0, side - 2))
+                    image[:, x : x + 2] = 230
+            obs[key] = image
+        s = spec.stats["observation.state"]
+        if rng.random() < 0.5:
+            state = s["mean"] + s["std"] * rng.normal(0.0, 1.0, s["mean"].shape)
+        else:
+            state = rng.uniform(-1.0, 1.0, s["mean"].shape)
+        obs["observation.state"] = state.astype(np.float32)
+        prompt = FAST_PROMPT if rng.random() < 0.5 else "Pick up the RED cube"
+        samples.append((obs, prompt, smooth_chunk(rng, spec.chunk_size, spec.action_dim)))
+    return samples
+
+
+def teach(policy, pre, spec: FastSpec, steps: int = 500, lr: float = 3e-3, extras: int = 32) -> list[float]:
+    """Shape the random weights with next-token cross entropy on [BOS, "Action: ", FAST tokens, "|"] (LeRobot's own
+    action tokenizer step makes the targets) until each taught observation decodes its own chunk: plain random
+    weights never emit a FAST token (DESIGN.md 8c). The targets are in robot units: LeRobot's preprocessor
+    normalizes and tokenizes them. Every step: one taught case and three generalisation samples."""
+    a = spec.stats["action"]
+
+    def batch_of(obs, prompt, target):
+        return fast_batch(policy, pre, obs, prompt, target * (a["std"] + 1e-8) + a["mean"])
+
+    taught = []
+    for case in spec.cases:
+        if not case.train:
+            continue
+        cams = [c for c in CAMERAS[: spec.num_cameras] if c[0] in case.present]
+        obs = robot_observation(case.obs_seed, cams, spec.stats)
+        target = smooth_chunk(np.random.default_rng(case.target_seed), spec.chunk_size, spec.action_dim)
+        taught.append(batch_of(obs, case.prompt, target))
+    pool = [batch_of(*sample) for sample in generalisation_samples(spec, extras, spec.weight_seed + 2)]
+    model = policy.model
+    _fast_embed_tokens(policy).weight = _fast_lm_head(policy).weight  # tied while taught (as LeRobot loads them)
+    params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+    opt = torch.optim.Adam(params, lr=lr)
+    model.train()
+    losses = []
+    gen = torch.Generator().manual_seed(spec.weight_seed + 1)
+    for step in range(steps):
+        chosen = [taught[step % len(taught)]] + [pool[int(i)] for i in torch.randint(len(pool), (3,), generator=gen)]
+        total = 0.0
+        opt.zero_grad()
+        for b in chosen:
+            loss = inference_layout_loss(policy, b) / len(chosen)
+            loss.backward()
+            total += float(loss)
+        opt.step()
+        losses.append(total)
+        if os.environ.get("FAST_TEACH_LOG") and step % 50 == 0:
+            print(f"    teach {spec.name} step {step}: loss {total:.4f}", flush=True)
+    model.eval()
+    with torch.no_grad():  # tied, as LeRobot's from_pretrained makes them (it copies lm_head into embed_tokens)
+        _fast_embed_tokens(policy).weight.copy_(_fast_lm_head(policy).weight)
+    return losses
+
+
+def run_fast_case(policy, pre, post, obs: dict[str, np.ndarray], prompt: str):
+    """observation -> preprocessor -> predict_action_chunk -> postprocessor, recording every lm_head output."""
+    policy.reset()
+    batch = fast_batch(policy, pre, obs, prompt)
+    images, masks = policy._preprocess_images(batch)
+    logits: list[torch.Tensor] = []
+    generated: list[torch.Tensor] = []
+    orig_sample = policy.model.sample_actions_fast_kv_cache
+
+    def hook(_mod, _inp, out):
+        logits.append(out[:, -1].detach().float().clone())
+
+    def sample(*args, **kwargs):
+        out = orig_sample(*args, **kwargs)
+        generated.append(out.detach().clone())
+        return out
+
+    handle = _fast_lm_head(policy).register_forward_hook(hook)
+    policy.model.sample_actions_fast_kv_cache = sample
+    try:
+        actions_normalized = policy.predict_action_chunk(batch)
+    finally:
+        handle.remove()
+        del policy.model.sample_actions_fast_kv_cache
+    actions = post(actions_normalized.clone())
+    steps = len(logits)
+    step_logits = torch.stack(logits, dim=1)  # (1, steps, vocab)
+    top2 = step_logits.topk(2, dim=-1).values
+    tensors = {f"observation/{k}": torch.from_numpy(np.ascontiguousarray(v)) for k, v in obs.items()}
+    tensors.update(
+        {
+            "actions": actions.detach().float().contiguous(),
+            "action_tokens": generated[0][:, :steps].to(torch.int64).contiguous(),
+            "logits": step_logits.contiguous(),
+            "top2_margin": (top2[..., 0] - top2[..., 1]).contiguous(),
+            "debug/images": torch.stack([i.float() for i in images], dim=1).contiguous(),
+            "debug/image_masks": torch.stack(masks, dim=1).contiguous(),
+            "debug/tokens": batch["observation.language.tokens"].to(torch.int64).contiguous(),
+            "debug/token_mask": batch["observation.language.attention_mask"].to(torch.bool).contiguous(),
+            "debug/state_normalized": batch["observation.state"].float().contiguous(),
+            "debug/actions_normalized": actions_normalized.float().contiguous(),
+        }
+    )
+    task = batch.get("task")
+    return tensors, task[0] if isinstance(task, list | tuple) else task
+
+
+def build_fast_fixture(spec: FastSpec, out: Path, tok) -> dict:
+    config_cls, policy_cls, make_processors = fast_policy_classes()
+    folder = out / spec.name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    spec.stats = dataset_stats(spec.stats_seed, spec.num_cameras, spec.state_dim, spec.action_dim)
+    tok.save_pretrained(str(folder))
+    _LocalAutoTokenizer.folders[PALIGEMMA_TOKENIZER_NAME] = folder
+    _LocalAutoProcessor.folder = folder
+    fast = fit_fast_tokenizer(folder / FAST_DIRNAME, spec.weight_seed, spec.chunk_size, spec.action_dim)
+    inputs, outputs = features(spec.num_cameras, spec.state_dim, spec.action_dim)
+    config = config_cls(
+        input_features=inputs,
+        output_features=outputs,
+        chunk_size=spec.chunk_size,
+        n_action_steps=spec.n_action_steps,
+        device="cpu",
+        image_resolution=(PI_IMAGE_SIZE, PI_IMAGE_SIZE),
+        action_tokenizer_name=f"./{FAST_DIRNAME}",
+        max_action_tokens=64,
+        max_decoding_steps=40,
+        **spec.config_kwargs,
+    )
+    with quiet():
+        policy = policy_cls(config)
+    rules = randomize_parameters(policy, spec.weight_seed)
+    pre, post = make_processors(config, dataset_stats=spec.stats)
+    losses = teach(policy, pre, spec)
+    with quiet():
+        policy.save_pretrained(str(folder))
+    pre.save_pretrained(str(folder))
+    post.save_pretrained(str(folder))
+
+    saved = load_file(str(folder / "model.safetensors"))
+    with quiet() as log:
+        policy = policy_cls.from_pretrained(str(folder))
+    assert_same_weights(saved, policy, spec.name)
+    policy.eval()
+    pre, post = policy_factory.make_pre_post_processors(policy.config, pretrained_path=str(folder))
+    cases_dir = out / "cases"
+    cases_dir.mkdir(parents=True, exist_ok=True)
+    end_id = tok.convert_tokens_to_ids("|")
+    entries: dict[str, dict] = {}
+    for case in spec.cases:
+        cams = [c for c in CAMERAS[: spec.num_cameras] if c[0] in case.present]
+        obs = robot_observation(case.obs_seed, cams, spec.stats)
+        tensors, prompt_as_tokenized = run_fast_case(policy, pre, post, obs, case.prompt)
+        fname = f"cases/{spec.name}__{case.name}.safetensors"
+        save_file(tensors, str(out / fname))
+        ids = tensors["debug/tokens"][0][tensors["debug/token_mask"][0]].tolist()
+        generated = tensors["action_tokens"][0].tolist()
+        margins = tensors["top2_margin"][0]
+        entries[case.name] = {
+            "file": fname,
+            "prompt": case.prompt,
+            "prompt_as_tokenized": prompt_as_tokenized,
+            "present_cameras": [c[0] for c in cams],
+            "missing_cameras": [k for k in policy.config.image_features if k not in case.present],
+            "image_masks": tensors["debug/image_masks"][0].tolist(),
+            "token_ids": ids,
+            "token_strings": tok.convert_ids_to_tokens(ids),
+            "generated": generated,
+            "generated_strings": tok.convert_ids_to_tokens(generated),
+            "ends_with_marker": end_id in generated,
+            "decode_steps": len(generated),
+            "min_top2_margin": float(margins.min()),
+            "steps_with_margin_below_1e-3": int((margins <= 1e-3).sum()),
+            "taught": case.train,
+            "note": case.note,
+            "tensors": describe(tensors),
+        }
+    sequences = {tuple(e["generated"]) for e in entries.values()}
+    return {
+        "layout": "lerobot",
+        "family": "pi0_fast",
+        "path": spec.name,
+        "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
+        "cameras": list(policy.config.image_features),
+        "state_dim": spec.state_dim,
+        "action_dim": spec.action_dim,
+        "chunk_size": policy.config.chunk_size,
+        "n_action_steps": policy.config.n_action_steps,
+        "max_decoding_steps": policy.config.max_decoding_steps,
+        "tokenizer_max_length": policy.config.tokenizer_max_length,
+        "text_tokenizer": {
+            "file": f"{spec.name}/tokenizer.json",
+            "vocab_size": tok.vocab_size,
+            "bos_id": tok.bos_token_id,
+            "end_marker_id": end_id,
+            "action_prefix_ids": tok.encode("Action: ", add_special_tokens=False),
+        },
+        "fast_tokenizer": {
+            "folder": f"{spec.name}/{FAST_DIRNAME}",
+            "action_tokenizer_name": policy.config.action_tokenizer_name,
+            "scale": fast.scale,
+            "vocab_size": fast.vocab_size,
+            "bpe_vocab_size": len(fast.tokenizer),
+            "min_token": fast.min_token,
+            "fast_skip_tokens": policy.config.fast_skip_tokens,
+        },
+        "teaching": {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]},
+        "distinct_sequences": len(sequences),
+        "param_count": sum(p.numel() for p in policy.parameters()),
+        "weights_sha256": state_dict_sha256(saved),
+        "lerobot_reload_log": [line for line in log.getvalue().splitlines() if "key" in line.lower()],
+        "randomisation_rules": dict(sorted(Counter(rules.values()).items())),
+        "tiny_variants": {"paligemma_variant(gemma_2b)": PI_SIZES.gemma["gemma_2b"], "siglip": PI_SIZES.siglip},
+        "cases": entries,
+    }
+
+
+def write_pi0fast(out: Path, threads: int) -> dict:
+    """Build every pi0-FAST fixture into `out` (folders, cases/pi0fast_*) and write pi0fast.json."""
+    torch.set_num_threads(threads)
+    install_fast_patches()
+    for old in (out / "cases").glob("pi0fast_*.safetensors"):
+        old.unlink()
+    tok = fast_text_tokenizer()
+    fixtures = {}
+    for spec in fast_specs():
+        t0 = time.perf_counter()
+        torch.manual_seed(spec.weight_seed)
+        fixtures[spec.name] = build_fast_fixture(spec, out, tok)
+        print(f"  {spec.name}: {len(spec.cases)} cases in {time.perf_counter() - t0:.1f} s", flush=True)
+    doc = {
+        "format": 1,
+        "generator": {
+            "script": "scripts/make_reference_fixtures.py --pi0fast-only",
+            "lerobot": lerobot.__version__,
+            "torch": torch.__version__.split("+")[0],
+            "transformers": transformers.__version__,
+            "threads": threads,
+        },
+        "pipeline": (
+            "prepare_observation_for_inference(obs, cpu, task=prompt) -> preprocessor -> "
+            "PI0FastPolicy.predict_action_chunk(batch) (greedy, KV cache) -> postprocessor, with the policy from "
+            "PI0FastPolicy.from_pretrained(folder); logits = lm_head output of every decode step"
+        ),
+        "checks": {
+            f"{name}: distinct generated sequences": float(entry["distinct_sequences"])
+            for name, entry in fixtures.items()
+        },
+        "fixtures": fixtures,
+    }
+    (out / PI0FAST_MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
 

@@ -54,6 +54,11 @@ def describe(checkpoint) -> dict:
             "max_tokens": cfg.tokenizer.max_tokens,
             "source": checkpoint.tokenizer_source or "built in",
         },
+        **(
+            {"fast_tokenizer": cfg.fast.path, "max_decoding_steps": cfg.max_decoding_steps}
+            if checkpoint.family == "pi0_fast"
+            else {}
+        ),
     }
 
 
@@ -108,7 +113,10 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"model widths: state {widths[0]}, action {widths[1]} (zero-padded / truncated at the robot's dims)")
         print(f"normalize:    state {norm['state']}, action {norm['action']} ({norm['epsilon']} epsilon)")
         print(f"tokenizer:    {tok['kind']}, {tok['max_tokens']} tokens, from {tok['source']}")
-    print(f"sampler:      {cfg.num_steps} Euler steps")
+    if getattr(cfg, "family", "") == "pi0_fast":
+        print(f"decoder:      greedy, up to {cfg.max_decoding_steps} tokens, KV cache; FAST tokenizer {cfg.fast.path}")
+    else:
+        print(f"sampler:      {cfg.num_steps} Euler steps")
     print(f"precision:    {info['precision']} (on the torch backend here; --precision to choose)")
     print(f"cpu:          {cpu.model or cpu.arch}, GEMM instructions: {', '.join(info['cpu']['gemm_flags']) or 'none'}")
     for part, count in params.items():
@@ -154,6 +162,11 @@ def run_infer(args: argparse.Namespace) -> int:
     print(
         "timing (ms): "
         + ", ".join(f"{k.removesuffix('_ms')} {v:.1f}" for k, v in result["policy_timing"].items() if k.endswith("_ms"))
+        + (
+            f"; {result['policy_timing']['tokens_per_s']:.0f} tokens/s"
+            if "tokens_per_s" in result["policy_timing"]
+            else ""
+        )
     )
     if args.out:
         np.save(args.out, actions)

@@ -50,7 +50,9 @@ def check_rtc_support(config: ControlConfig, policy: Any) -> None:
     methods = supported_rtc_methods(policy)
     if config.rtc.method not in methods:
         backend = getattr(getattr(policy, "metadata", None), "backend", type(policy).__name__)
+        refusal = getattr(getattr(policy, "runner", None), "rtc_refusal", "")  # a family's own reason (pi0-FAST)
         offer = f"it supports: {', '.join(methods)}" if methods else "it does not support real-time chunking"
+        offer += f": {refusal}" if refusal and not methods else ""
         raise ConfigError(
             f"control.blending: rtc with control.rtc.method '{config.rtc.method}': backend '{backend}' cannot "
             f"serve it ({offer}); choose another control.rtc.method or control.blending"

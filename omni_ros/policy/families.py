@@ -32,6 +32,8 @@ class Family:
     build_processor: Callable[[Any, NormStats, Tokenizer | None], Processor]
     # () -> its StagePlan; imported on demand, as only exporters and method runtimes need it
     stages: Callable[[], StagePlan]
+    # (model, config, **TorchRunner options) -> its eager runner; None: the flow-matching TorchRunner
+    build_runner: Callable[..., Any] | None = None
 
 
 def _pi0() -> Family:
@@ -74,7 +76,35 @@ def _smolvla() -> Family:
     return Family("smolvla", SmolVLAConfig, SmolVLAModel, processor, stages)
 
 
-_FAMILIES: dict[str, Callable[[], Family]] = {"pi0": _pi0, "smolvla": _smolvla}
+def _pi0_fast() -> Family:
+    """LeRobot's pi0-FAST checkpoints: the autoregressive member of the pi0 family."""
+    from omni_ros.policy.pi0_fast.configuration import Pi0FastConfig
+    from omni_ros.policy.pi0_fast.modeling import Pi0FastModel
+    from omni_ros.policy.pi0_fast.processing import Pi0FastProcessor
+
+    def processor(cfg: Any, stats: NormStats, tokenizer: Tokenizer | None) -> Processor:
+        if tokenizer is None:
+            raise ValueError("a pi0-FAST checkpoint needs its text tokenizer (tokenizer.json)")
+        return Pi0FastProcessor(cfg, stats, tokenizer)
+
+    def stages() -> StagePlan:
+        from omni_ros.policy.layouts.common import CheckpointError
+
+        # The exported prefill + one static-KV decode step (the loop in the runner) is not written yet.
+        raise CheckpointError("pi0_fast has no exported form yet (ExecuTorch / ONNX): run it with policy.backend torch")
+
+    def runner(model: nn.Module, cfg: Any, **options: Any) -> Any:
+        from pathlib import Path
+
+        from omni_ros.policy.pi0_fast.fast import FastDetokenizer
+        from omni_ros.policy.pi0_fast.runner import Pi0FastTorchRunner
+
+        return Pi0FastTorchRunner(model, FastDetokenizer(cfg, Path(cfg.fast.path)), **options)
+
+    return Family("pi0_fast", Pi0FastConfig, Pi0FastModel, processor, stages, runner)
+
+
+_FAMILIES: dict[str, Callable[[], Family]] = {"pi0": _pi0, "pi0_fast": _pi0_fast, "smolvla": _smolvla}
 
 
 def get(name: str) -> Family:

@@ -83,7 +83,7 @@ class ChunkProcessor(Generic[ConfigT]):
         self.spec: ObservationSpec = cfg.observation_spec()
 
     @property
-    def noise_shape(self) -> tuple[int, int]:
+    def noise_shape(self) -> tuple[int, int] | None:
         """(action_horizon, model action dim): the shape of one request's explicit noise (openpi's)."""
         return (self.cfg.action_horizon, self.cfg.model_action_dim)
 

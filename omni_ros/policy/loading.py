@@ -55,9 +55,11 @@ def load(
     model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
     processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
     label = name or Path(path).name
-    runner = TorchRunner(
-        model, device, dtype, cpu_linear=cpu_linear, precision=choice, cache_dir=cache_dir, label=label
-    )
+    options: dict[str, Any] = {"cpu_linear": cpu_linear, "precision": choice, "cache_dir": cache_dir, "label": label}
+    if family.build_runner is not None:  # a family with its own loop (pi0-FAST's token decoder)
+        runner = family.build_runner(model, checkpoint.config, device=device, dtype=dtype, **options)
+    else:
+        runner = TorchRunner(model, device, dtype, **options)
     steps = num_steps or checkpoint.config.num_steps
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=label)
 
@@ -84,11 +86,14 @@ def from_model(
     `load`): not for a model that goes on training."""
     cfg: Any = model.cfg
     choice = choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
-    processor = families.get(family).build_processor(cfg, norm_stats, tokenizer)
+    fam = families.get(family)
+    processor = fam.build_processor(cfg, norm_stats, tokenizer)
     label = name or cfg.name
-    runner = TorchRunner(
-        model, device, dtype, cpu_linear=cpu_linear, precision=choice, cache_dir=cache_dir, label=label
-    )
+    options: dict[str, Any] = {"cpu_linear": cpu_linear, "precision": choice, "cache_dir": cache_dir, "label": label}
+    if fam.build_runner is not None:
+        runner = fam.build_runner(model, cfg, device=device, dtype=dtype, **options)
+    else:
+        runner = TorchRunner(model, device, dtype, **options)
     return InferencePipeline(processor, runner, num_steps=num_steps or cfg.num_steps, seed=seed, name=label)
 
 

@@ -206,6 +206,8 @@ class InferencePipeline(BasePolicy, Generic[InputsT]):
         end = time.perf_counter()
         timing = {"preprocess_ms": (begin - start) * 1e3}
         timing.update({k: sampled.stage_ms.get(k, 0.0) for k in STAGES})
+        # A runner's own measures beyond the common stages (a token decoder's tokens_per_s, for example).
+        timing.update({k: v for k, v in sampled.stage_ms.items() if k not in timing})
         timing.update(infer_ms=(end - start) * 1e3, batch_size=len(parsed))
         results = []
         for i, observation in enumerate(parsed):

@@ -111,6 +111,15 @@ class SentencePieceTokenizer:
     def pad(self, ids: list[int], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         return _pad(ids, max_tokens, max(self._sp.pad_id(), 0))
 
+    def token_id(self, piece: str) -> int | None:
+        """The id of vocabulary piece `piece`, None if it has none."""
+        i = self._sp.piece_to_id(piece)
+        return None if i == self._sp.unk_id() and piece != self._sp.id_to_piece(i) else int(i)
+
+    @property
+    def base_vocab_size(self) -> int:
+        return self.vocab_size
+
     def encode(self, text: str, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         return self.pad(self.ids(text), max_tokens)
 
@@ -145,6 +154,15 @@ class HFTokenizer:
 
     def pad(self, ids: list[int], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         return _pad(ids, max_tokens, self.pad_id)
+
+    def token_id(self, piece: str) -> int | None:
+        """The id of vocabulary piece `piece`, None if it has none."""
+        return self._tok.token_to_id(piece)
+
+    @property
+    def base_vocab_size(self) -> int:
+        """Pieces without the added tokens (what transformers' `vocab_size` counts: pi0-FAST's id mapping)."""
+        return int(self._tok.get_vocab_size(with_added_tokens=False))
 
     def encode(self, text: str, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         return self.pad(self.ids(text), max_tokens)

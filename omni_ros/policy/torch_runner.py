@@ -99,7 +99,7 @@ class TorchRunner:
 
     max_batch = None
     draws_noise = False
-    rtc_methods = METHODS
+    rtc_methods: tuple[str, ...] = METHODS
 
     def __init__(
         self,

@@ -18,13 +18,14 @@ from typing import Any
 from omni_ros.policy.layouts import lerobot_legacy
 from omni_ros.policy.layouts.common import Checkpoint, CheckpointError
 from omni_ros.policy.layouts.lerobot_files import features, norm_stats, processor_step, read_json
+from omni_ros.policy.layouts.lerobot_pi0fast import read_pi0_fast
 from omni_ros.policy.layouts.lerobot_smolvla import read_smolvla
 from omni_ros.policy.layouts.pi0_weights import architecture, our_shapes, placer
 from omni_ros.policy.layouts.tokenizer_files import find_tokenizer
 from omni_ros.policy.layouts.weights import SafetensorsFile
 
 PI0_TYPES = ("pi0", "pi05")
-SUPPORTED = (*PI0_TYPES, "smolvla")
+SUPPORTED = (*PI0_TYPES, "pi0_fast", "smolvla")
 
 
 def is_lerobot(path: Path) -> bool:
@@ -82,6 +83,10 @@ def read(path: Path, tokenizer: Any = None) -> Checkpoint:
         raise CheckpointError(f"{path}: pi05 did not exist before LeRobot 0.4; its folder needs processor files")
     if kind == "smolvla":
         return read_smolvla(path, config, tokenizer, saved_by)
+    if kind == "pi0_fast":
+        if saved_by == lerobot_legacy.ERA:
+            raise CheckpointError(f"{path}: pi0_fast folders need LeRobot >= 0.4's processor files")
+        return read_pi0_fast(path, config, tokenizer)
     return read_pi0(path, config, kind, tokenizer, saved_by)
 
 

@@ -192,6 +192,26 @@ class Architecture:
 
 def architecture(shapes: dict[str, tuple[int, ...]], image_size: int | None, source: str) -> Architecture:
     """The architecture of pi0-family weights (our names) from their shapes."""
+    vision, backbone, vocab, gemma = prefix_architecture(shapes, image_size, source)
+    variant: Literal["pi0", "pi05"] = "pi05" if "expert.final_norm.dense.weight" in shapes else "pi0"
+    if "expert.action_in_proj.weight" not in shapes:
+        raise CheckpointError(f"{source}: the weights have no 'expert.action_in_proj.weight' (not a pi0 / pi0.5?)")
+    return Architecture(
+        vision=vision,
+        backbone=backbone,
+        expert=gemma("expert"),
+        vocab_size=vocab,
+        state_width=shapes["expert.state_proj.weight"][1] if "expert.state_proj.weight" in shapes else 0,
+        action_width=shapes["expert.action_in_proj.weight"][1],
+        variant=variant,
+    )
+
+
+def prefix_architecture(
+    shapes: dict[str, tuple[int, ...]], image_size: int | None, source: str
+) -> tuple[VisionConfig, TransformerConfig, int, Callable[[str], TransformerConfig]]:
+    """(vision, backbone, vocabulary rows, a reader of another Gemma stack) of PaliGemma weights (our names): the
+    part pi0, pi0.5 and pi0-FAST share."""
 
     def shape(name: str) -> tuple[int, ...]:
         if name not in shapes:
@@ -229,16 +249,7 @@ def architecture(shapes: dict[str, tuple[int, ...]], image_size: int | None, sou
     )
     if width % SIGLIP_HEADS:
         raise CheckpointError(f"{source}: vision width {width} is not divisible by SigLIP's {SIGLIP_HEADS} heads")
-    variant: Literal["pi0", "pi05"] = "pi05" if "expert.final_norm.dense.weight" in shapes else "pi0"
-    return Architecture(
-        vision=vision,
-        backbone=gemma("backbone"),
-        expert=gemma("expert"),
-        vocab_size=shape("backbone.embed_tokens.weight")[0],
-        state_width=shapes["expert.state_proj.weight"][1] if "expert.state_proj.weight" in shapes else 0,
-        action_width=shape("expert.action_in_proj.weight")[1],
-        variant=variant,
-    )
+    return vision, gemma("backbone"), shape("backbone.embed_tokens.weight")[0], gemma
 
 
 def tensor_shapes(tensors: dict) -> dict[str, tuple[int, ...]]:
