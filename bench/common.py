@@ -16,6 +16,29 @@ from typing import Any
 import omni_ros  # noqa: F401
 
 
+def _cpu_times() -> list[int] | None:
+    """The aggregate `cpu` line of /proc/stat (user, nice, system, idle, iowait, irq, softirq, steal, ...)."""
+    try:
+        return [int(x) for x in Path("/proc/stat").read_text(encoding="utf-8").splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# The counters when the benchmark process started: `cpu_facts` reports the share of CPU time the hypervisor took
+# (steal) since then. On a shared VM a second vCPU can be half stolen, and then 2 threads run slower than 1.
+_START_TIMES = _cpu_times()
+
+
+def steal_share() -> float | None:
+    """Share of this machine's CPU time stolen by the hypervisor since this process started (None: unknown)."""
+    now = _cpu_times()
+    if _START_TIMES is None or now is None or len(now) < 8:
+        return None
+    delta = [b - a for a, b in zip(_START_TIMES, now, strict=False)]
+    total = sum(delta[:8])
+    return round(delta[7] / total, 3) if total > 0 else None
+
+
 def emit(report: dict[str, Any], out: str | None) -> None:
     """Print `report` (and write it to `out`), with the command that made it and the CPU it ran on (unless the
     report says so already): a result file says how to make it again."""
@@ -54,6 +77,7 @@ def cpu_facts() -> dict[str, Any]:
             facts["flags"] = sorted(flags)
             break
     facts["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    facts["steal_share_since_start"] = steal_share()
     try:  # what `policy.precision: auto` picks on this CPU, and why
         from omni_ros.policy.precision import choose
 
