@@ -31,8 +31,9 @@ robot:
 
 def jazzy_python(root: Path) -> Path:
     """The Jazzy venv's interpreter wrapper (it sets the venv's own LD_LIBRARY_PATH; scripts/jazzy_venv.sh)."""
-    venv = Path(os.environ.get("OMNI_ROS_JAZZY_VENV") or root / ".venv-jazzy")
-    return venv / "bin" / "jazzy-python"
+    venv = Path(os.environ.get("OMNI_ROS_JAZZY_VENV") or ".venv-jazzy")
+    # `make test` passes the Makefile's relative path; the robot process runs in a temporary folder.
+    return (venv if venv.is_absolute() else root / venv) / "bin" / "jazzy-python"
 
 
 def test_jazzy_robot_gets_commands_at_the_control_rate(tmp_path, root):
