@@ -18,7 +18,7 @@ from test_reference_pi0fast import MANIFEST, REFERENCE, observation, policy
 from omni_ros.backends.factory import load_policy
 from omni_ros.control.config import ControlConfig
 from omni_ros.control.executor import check_rtc_support
-from omni_ros.export.sidecar import read_sidecar
+from omni_ros.export.sidecar import read_onnx_sidecar, read_sidecar
 from omni_ros.policy.config import PolicyConfig
 from omni_ros.typed_config import ConfigError
 
@@ -60,3 +60,35 @@ def test_xnnpack_program_from_the_cli_decodes_eagers_tokens(tmp_path, root):
         _refuses_rtc(exported)
     finally:
         exported.close()
+
+
+def test_onnx_export_decodes_eagers_tokens(tmp_path):
+    from omni_ros.export.exporter import export_checkpoint
+
+    out = tmp_path / "onnx"
+    export_checkpoint(CHECKPOINT, out, target="onnx")
+    assert list(read_onnx_sidecar(out).methods) == ["prefill", "decode_step"]
+    exported = load_policy(PolicyConfig(backend="onnxruntime", onnx=str(out)))
+    try:
+        _same_as_eager(exported)
+        _refuses_rtc(exported)
+    finally:
+        exported.close()
+
+
+def test_qnn_onnx_is_refused_for_a_token_decoder(tmp_path):
+    from omni_ros.export.onnx_export import export_onnx
+    from omni_ros.policy.normalize import NormStats
+
+    model = policy(FIXTURE).runner.model
+    cfg = model.cfg
+    with pytest.raises(ValueError, match="qnn-onnx calibrates a flow-matching denoiser"):
+        export_onnx(
+            model,
+            NormStats.identity(cfg.state_dim, cfg.action_dim),
+            tmp_path / "x",
+            target="qnn-onnx",
+            methods=("prefill", "decode_step"),
+            num_steps=1,
+            name="x",
+        )
