@@ -7,8 +7,10 @@ training step all consume it, so no stage signature repeats five loose tensors.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 
@@ -40,3 +42,23 @@ class ModelInputs:
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
         """(images, image_masks, tokens, token_mask, state): the order of the exported `sample` signature."""
         return tuple(getattr(self, f.name) for f in fields(self))
+
+
+def stack_inputs(
+    images: Sequence[torch.Tensor],
+    image_masks: Sequence[Sequence[bool]],
+    tokens: Sequence[np.ndarray],
+    token_masks: Sequence[np.ndarray],
+    states: Sequence[np.ndarray],
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> ModelInputs:
+    """A batch from one entry per observation (tiles, camera masks, padded token ids and masks, normalized state),
+    as a family's processor collects them: floats in `dtype`, everything on `device`."""
+    return ModelInputs(
+        images=torch.stack(list(images)).to(device, dtype),
+        image_masks=torch.tensor(image_masks, dtype=torch.bool, device=device),
+        tokens=torch.from_numpy(np.stack(tokens)).to(device),
+        token_mask=torch.from_numpy(np.stack(token_masks)).to(device),
+        state=torch.from_numpy(np.stack(states).astype(np.float32)).to(device, dtype),
+    )

@@ -31,3 +31,15 @@ def swap_linears(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module]) 
         release_mapped_pages(dense)
         del dense, linear
     return len(names)
+
+
+def set_kernel(model: nn.Module, attribute: str, kernel: Callable[..., torch.Tensor]) -> int:
+    """Set `kernel` as `attribute` on every module of `model` whose class declares that kernel slot (the
+    `attention_kernel` / `mlp_kernel` a family's modules hold, defaults in omni_ros/policy/layers.py); returns
+    how many. An instance attribute, so it is not bound as a method and the class default stays for other models."""
+    count = 0
+    for module in model.modules():
+        if hasattr(type(module), attribute):
+            setattr(module, attribute, kernel)
+            count += 1
+    return count

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from omni_ros.observation import Observation
 from omni_ros.policy.family_base import ChunkProcessor
-from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.inputs import ModelInputs, stack_inputs
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pi0.configuration import ModelConfig
 from omni_ros.policy.reference_images import camera_tiles, resize_with_pad_left_top
@@ -183,13 +183,7 @@ class ReferenceProcessor(ChunkProcessor[ModelConfig]):
             tok: Any = self.tokenizer
             tokens = [np.pad(t, (0, longest - len(t)), constant_values=getattr(tok, "pad_id", 0)) for t in tokens]
             token_masks = [np.pad(m, (0, longest - len(m))) for m in token_masks]
-        return ModelInputs(
-            images=torch.stack(images).to(device, dtype),
-            image_masks=torch.tensor(masks, dtype=torch.bool, device=device),
-            tokens=torch.from_numpy(np.stack(tokens)).to(device),
-            token_mask=torch.from_numpy(np.stack(token_masks)).to(device),
-            state=torch.from_numpy(np.stack(states).astype(np.float32)).to(device, dtype),
-        )
+        return stack_inputs(images, masks, tokens, token_masks, states, device, dtype)
 
     def actions(self, normalized: np.ndarray, observation: Observation) -> np.ndarray:
         return robot_actions(self.cfg, self.norm_stats, normalized[:, : self.cfg.action_dim], observation.state)

@@ -122,6 +122,10 @@ class VisionEncoder(nn.Module):
         """images (N, 3, S, S) in [-1, 1] (+ condition (N, condition_width) with FiLM) -> tokens (N, num_tokens,
         out_width)."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2) + self.pos_embed
+        if not self.export_form:
+            # The transposed patch grid would make the residual stream (and every op reading it) strided through
+            # all blocks: the add keeps its first operand's layout.
+            x = x.contiguous()
         for block in self.blocks:
             x = block(x)
         x = layer_norm(self.norm, x, self.export_form)

@@ -18,7 +18,7 @@ import torch
 
 from omni_ros.observation import Observation, ObservationError
 from omni_ros.policy.family_base import ChunkProcessor
-from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.inputs import ModelInputs, stack_inputs
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pi0.processing import resize_with_pad_float
 from omni_ros.policy.pi0_fast.configuration import Pi0FastConfig
@@ -64,13 +64,7 @@ class Pi0FastProcessor(ChunkProcessor[Pi0FastConfig]):
             tokens.append(ids)
             token_masks.append(valid)
             states.append(state)
-        return ModelInputs(
-            images=torch.stack(images).to(device, dtype),
-            image_masks=torch.tensor(masks, dtype=torch.bool, device=device),
-            tokens=torch.from_numpy(np.stack(tokens)).to(device),
-            token_mask=torch.from_numpy(np.stack(token_masks)).to(device),
-            state=torch.from_numpy(np.stack(states).astype(np.float32)).to(device, dtype),
-        )
+        return stack_inputs(images, masks, tokens, token_masks, states, device, dtype)
 
     def actions(self, normalized: np.ndarray, observation: Observation) -> np.ndarray:
         return self.norm_stats.unnormalize_actions(normalized[:, : self.cfg.action_dim]).astype(np.float32)

@@ -10,12 +10,11 @@ to bfloat16 and the result comes back as float32, so the rest of the model is un
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 import torch
 from torch import nn
 
 from omni_ros.policy.layers import AttentionKernel, sdpa
+from omni_ros.policy.linear_swap import set_kernel
 
 
 def bf16_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -32,10 +31,5 @@ def native_bf16() -> bool:
 
 
 def use_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> int:
-    """Set `kernel` on every module of `model` that attends (has an `attention_kernel`); returns how many."""
-    count = 0
-    for module in model.modules():
-        if hasattr(type(module), "attention_kernel"):
-            cast(Any, module).attention_kernel = kernel  # an instance attribute: not bound as a method
-            count += 1
-    return count
+    """Set `kernel` on every module of `model` with an `attention_kernel`; returns how many."""
+    return set_kernel(model, "attention_kernel", kernel)

@@ -13,12 +13,13 @@ Under autograd (guided RTC), or where a layer is not a packed bf16 linear, the e
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
 
 from omni_ros.policy.layers import MlpKernel, mlp
+from omni_ros.policy.linear_swap import set_kernel
 from omni_ros.policy.precision.bf16_linear import Bf16Linear
 
 # Our activation names -> oneDNN's unary post-op and its algorithm.
@@ -42,10 +43,5 @@ def bf16_mlp(first: nn.Module, up: nn.Module | None, down: nn.Module, activation
 
 
 def use_mlp_kernel(model: nn.Module, kernel: MlpKernel) -> int:
-    """Set `kernel` on every module of `model` with an MLP (an `mlp_kernel`); returns how many."""
-    count = 0
-    for module in model.modules():
-        if hasattr(type(module), "mlp_kernel"):
-            cast(Any, module).mlp_kernel = kernel  # an instance attribute: not bound as a method
-            count += 1
-    return count
+    """Set `kernel` on every module of `model` with an `mlp_kernel`; returns how many."""
+    return set_kernel(model, "mlp_kernel", kernel)

@@ -135,6 +135,8 @@ class SmolVLMVision(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(images).flatten(2).transpose(1, 2)
         x = x + (self.pos_embed if self.in_order else self.pos_embed[self.position_ids])
+        if not self.export_form:
+            x = x.contiguous()  # else the residual stream stays in the patch grid's transposed layout (pi0/vision.py)
         for block in self.blocks:
             x = block(x)
         x = layer_norm(self.norm, x, self.export_form)

@@ -21,7 +21,7 @@ import torch
 
 from omni_ros.observation import Observation
 from omni_ros.policy.family_base import ChunkProcessor
-from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.inputs import ModelInputs, stack_inputs
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.reference_images import camera_tiles, resize_with_pad_left_top
 from omni_ros.policy.rtc import RtcRequest, normalized_plan
@@ -61,13 +61,7 @@ class SmolVLAProcessor(ChunkProcessor[SmolVLAConfig]):
         longest = max(1, max(len(ids) for ids in prompts))
         tok: Any = self.tokenizer  # a file tokenizer (checked in __init__), which pads
         padded = [tok.pad(ids, longest) for ids in prompts]
-        return ModelInputs(
-            images=torch.stack(images).to(device, dtype),
-            image_masks=torch.tensor(masks, dtype=torch.bool, device=device),
-            tokens=torch.from_numpy(np.stack([t for t, _ in padded])).to(device),
-            token_mask=torch.from_numpy(np.stack([m for _, m in padded])).to(device),
-            state=torch.from_numpy(np.stack(states).astype(np.float32)).to(device, dtype),
-        )
+        return stack_inputs(images, masks, [t for t, _ in padded], [m for _, m in padded], states, device, dtype)
 
     def actions(self, normalized: np.ndarray, observation: Observation) -> np.ndarray:
         return self.norm_stats.unnormalize_actions(normalized[:, : self.cfg.action_dim])
