@@ -11,7 +11,7 @@ fresh process per row. Random weights never emit the end marker, so both decode 
 generated ids are compared), and the FAST detokenizer is not timed (random tokens are not a FAST chunk: omni_ros
 raises where LeRobot returns zeros; decoding a real chunk takes well under a millisecond). Rows: chunk time, time
 to first token, tokens/s (decode phase) and the ratio to LeRobot; target eager <= 0.8x LeRobot's chunk time.
-Not measured: exported (.pte / ONNX) decoding, which does not exist yet.
+Not measured here yet: exported (.pte / ONNX) decoding (docs/pi0_fast.md#exported-executorch-xnnpack-onnx-runtime).
 """
 
 from __future__ import annotations

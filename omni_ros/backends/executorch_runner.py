@@ -108,6 +108,11 @@ class ExecuTorchRunner:
         if mode == "staged":
             self.rtc_methods = ("guided", "inpaint") if guided else ("inpaint",)
         self.per_token = mode == "staged" and takes_per_token_times(sidecar)
+        # A token decoder (pi0-FAST): its greedy loop and detokenizer out here, over its prefill and decode_step.
+        self._decode = self.plan.token_decoder(self.cfg, pte.parent) if self.plan.token_decoder else None
+        if self._decode is not None:
+            self.rtc_methods = ()
+            self.rtc_refusal = self.plan.rtc_refusal
         try:
             program = runtime.load_program(pte)
             self._methods = {m: program.load_method(m) for m in needed}
@@ -123,6 +128,11 @@ class ExecuTorchRunner:
     def sample(
         self, inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None
     ) -> Sampled:
+        if self._decode is not None:
+            if rtc is not None:
+                raise RtcError(f"{self.pte}: real-time chunking does not apply: {self.plan.rtc_refusal}")
+            with self._lock:
+                return self._decode(self._run, inputs)
         if noise is None or num_steps is None:
             raise ValueError("the ExecuTorch runner needs the sampling noise and the step count")
         if rtc is not None and (rtc.target is None or rtc.request.method not in self.rtc_methods):

@@ -103,6 +103,11 @@ class OnnxRunner:
         # Real-time chunking: hard prefix inpainting around the staged denoise_step (no gradient in a graph).
         self.rtc_methods: tuple[str, ...] = ("inpaint",) if mode == "staged" else ()
         self.per_token = mode == "staged" and takes_per_token_times(sidecar)
+        # A token decoder (pi0-FAST): its greedy loop and detokenizer out here, over its prefill and decode_step.
+        self._decode = plan.token_decoder(self.cfg, folder) if plan.token_decoder else None
+        if self._decode is not None:
+            self.rtc_methods = ()
+            self.rtc_refusal = plan.rtc_refusal
         quant = "" if sidecar.quantize == "none" else f"-{sidecar.quantize}"
         self.backend = f"onnxruntime-{providers[0]}{quant}"
         self.precision = program_choice(sidecar.quantize, "auto", str(folder)).describe()
@@ -122,6 +127,11 @@ class OnnxRunner:
         self, model_inputs: ModelInputs, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None
     ) -> Sampled:
         """Normalized actions (1, H, D) and the milliseconds of each stage (embed_prefix, prefill, denoise)."""
+        if self._decode is not None:
+            if rtc is not None:
+                raise RtcError(f"{self.folder}: real-time chunking does not apply: {self.plan.rtc_refusal}")
+            with self._lock:
+                return self._decode(self._call, model_inputs)
         if noise is None or num_steps is None:
             raise ValueError("the ONNX runner needs the sampling noise and the step count")
         if rtc is not None and (rtc.target is None or rtc.request.method not in self.rtc_methods):

@@ -168,11 +168,29 @@ def export_policy(
         tokenizer_file=tokenizer_name,
         target_options=target_options,
     )
+    sidecar.model = bundle_fast_tokenizer(cfg, out.parent, f"{out.name}.fast_tokenizer")
     sidecar.versions["omni_ros"] = _omni_version()
     write_sidecar(out, sidecar)
     seconds = time.perf_counter() - start
     log.info("exported %s (%s, %s) in %.1f s", out, target, quantize, seconds)
     return ExportResult(out, sidecar_path(out), report, seconds, out.stat().st_size, timings)
+
+
+def bundle_fast_tokenizer(cfg: Any, folder: Path, name: str) -> Any:
+    """A pi0-FAST config's FAST action tokenizer copied to `folder`/`name`, and the config naming it there
+    (relative: the runtime reads it beside the program); any other config as it is."""
+    from dataclasses import replace
+
+    fast = getattr(cfg, "fast", None)
+    if fast is None or not fast.path:
+        return cfg
+    from omni_ros.policy.pi0_fast.fast import FILES
+
+    dest = folder / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for file in FILES:  # what the detokenizer reads (read_fast_folder checked they exist when the model loaded)
+        shutil.copyfile(Path(fast.path) / file, dest / file)
+    return replace(cfg, fast=replace(fast, path=name))
 
 
 def _signatures(plan: StagePlan, cfg: Any, methods: tuple[str, ...] | list[str]) -> dict[str, Any]:

@@ -131,6 +131,10 @@ def export_onnx(
 
     if target not in ONNX_TARGETS:
         raise ValueError(f"not an ONNX target: {target}")
+    family = getattr(model.cfg, "family", "pi0")
+    if target == "qnn-onnx" and stage_plan(family).token_decoder is not None:
+        # Its calibration (omni_ros.export.calibration) runs the Euler loop of a flow-matching denoiser.
+        raise ValueError(f"--target qnn-onnx calibrates a flow-matching denoiser; export a {family} model to onnx")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OnnxModelError(f"--out {out}: an ONNX export is a folder, and this is a file")
@@ -181,6 +185,9 @@ def export_onnx(
         target_options=target_options,
         format=ONNX_FORMAT,
     )
+    from omni_ros.export.exporter import bundle_fast_tokenizer
+
+    sidecar.model = bundle_fast_tokenizer(cfg, out, "fast_tokenizer")
     import json
 
     # Written last: a folder with a sidecar is a complete export.

@@ -88,10 +88,9 @@ def _pi0_fast() -> Family:
         return Pi0FastProcessor(cfg, stats, tokenizer)
 
     def stages() -> StagePlan:
-        from omni_ros.policy.layouts.common import CheckpointError
+        from omni_ros.policy.pi0_fast.stages import PI0_FAST
 
-        # The exported prefill + one static-KV decode step (the loop in the runner) is not written yet.
-        raise CheckpointError("pi0_fast has no exported form yet (ExecuTorch / ONNX): run it with policy.backend torch")
+        return PI0_FAST
 
     def runner(model: nn.Module, cfg: Any, **options: Any) -> Any:
         from pathlib import Path

@@ -153,6 +153,11 @@ class StagePlan:
     fused_inputs: Callable[[Any, ModelInputs], list[torch.Tensor]]
     # Methods exported only when asked for (not in the default `methods`).
     optional: tuple[str, ...] = ()
+    # A token decoder's inference (pi0-FAST), in place of run_staged's Euler loop:
+    # (cfg, folder of the exported files) -> decode(run, inputs) -> Sampled (its chunk, timings and extras).
+    token_decoder: Callable[[Any, Any], Callable[[RunMethod, ModelInputs], Any]] | None = None
+    # Why real-time chunking does not apply, where it does not (a token decoder): said at configure time.
+    rtc_refusal: str = ""
 
     def check_methods(self, methods: tuple[str, ...] | list[str]) -> None:
         known = (*self.methods, *self.optional)

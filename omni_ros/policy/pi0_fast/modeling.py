@@ -45,8 +45,49 @@ class Generated:
     decode_ms: float
 
 
+class DecodeCursor:
+    """The static-cache bookkeeping of greedy decoding, the same for every runner: which cache entries the token
+    being fed sees (`mask`, B x P + S), its RoPE `position` (B,) and the cache entry it goes to."""
+
+    def __init__(self, prefix_mask: torch.Tensor, steps: int) -> None:
+        b, self.prefix = prefix_mask.shape
+        self.mask = torch.cat([prefix_mask, prefix_mask.new_zeros((b, steps))], dim=1)
+        self.position = prefix_mask.long().sum(dim=1)  # the first generated token's position: valid prefix tokens
+
+    def index(self, t: int) -> int:
+        """The cache entry of the token fed at step t > 0 (the one generated at step t - 1)."""
+        return self.prefix + t - 1
+
+    def advance(self, t: int) -> None:
+        """After step t fed its token: it is in the cache, and the next token sits one position further."""
+        self.mask[:, self.index(t)] = True
+        self.position = self.position + 1
+
+
+def greedy_decode(
+    first_logits: torch.Tensor, step: Callable[[torch.Tensor, int], torch.Tensor], cfg: Pi0FastConfig, keep: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The greedy loop every runner drives (eager, ExecuTorch, ONNX): argmax, then `step(token, t)` -> the next
+    logits, until every row has emitted the end marker or max_decoding_steps. -> tokens (B, n), logits (B, n, V)."""
+    finished = torch.zeros(first_logits.shape[0], dtype=torch.bool, device=first_logits.device)
+    tokens, all_logits = [], []
+    logits, token = first_logits, first_logits.argmax(dim=-1)
+    for t in range(cfg.max_decoding_steps):
+        if t > 0:
+            logits = step(token, t)
+            token = logits.argmax(dim=-1)
+        tokens.append(token)
+        if keep:
+            all_logits.append(logits.float())
+        finished |= token == cfg.end_id
+        if bool(finished.all()):
+            break
+    return torch.stack(tokens, dim=1), torch.stack(all_logits, dim=1) if keep else None
+
+
 class Pi0FastModel(nn.Module):
     compactable = True  # masked camera slots and trailing pads change nothing (see torch_runner.compact)
+    export_form = False  # (a class attribute: what use_export_forms switches)
 
     def __init__(self, cfg: Pi0FastConfig) -> None:
         super().__init__()
@@ -127,6 +168,26 @@ class Pi0FastModel(nn.Module):
             x = layer.finish(x, attention(q, keys, values, attn_mask, self.export_form, backbone.attention_kernel))
         return self.logits(x[:, -1])
 
+    def decode_step_fresh(
+        self, cache: StaticCache, mask: torch.Tensor, token: torch.Tensor, position: torch.Tensor
+    ) -> tuple[torch.Tensor, StaticCache]:
+        """`decode_step` without writing the cache (the exported form: a program's inputs are not its state):
+        the token attends to the cache entries `mask` allows and to its own keys / values, which it returns
+        (per layer (B, kv_heads, 1, head_dim)) for the runner to write at its entry. -> logits (B, V), fresh."""
+        backbone = self.backbone
+        x = self.embed_tokens(token[:, None], cache[0][0].dtype)
+        cos, sin = rope_cos_sin(position[:, None], backbone.cfg.head_dim, backbone.rope_theta, x.dtype)
+        seen = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        attn_mask = self._mask(seen[:, None, None, :], x.dtype)
+        fresh: StaticCache = []
+        for i, layer in enumerate(cast(Iterable[DecoderLayer], backbone.layers)):
+            q, k, v = layer.qkv(x, cos, sin)
+            keys, values = cache[i]
+            fresh.append((k, v))
+            keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
+            x = layer.finish(x, attention(q, keys, values, attn_mask, self.export_form, backbone.attention_kernel))
+        return self.logits(x[:, -1]), fresh
+
     # -- greedy decoding ------------------------------------------------------------------------------------------
 
     def generate(
@@ -144,30 +205,18 @@ class Pi0FastModel(nn.Module):
         cfg, steps = self.cfg, self.cfg.max_decoding_steps
         prefix, prefix_mask = self.embed_prefix(inputs)
         cache, logits = self.prefill(prefix, prefix_mask, steps)
-        b, p = prefix_mask.shape
-        mask = torch.cat([prefix_mask, prefix_mask.new_zeros((b, steps))], dim=1)
-        position = prefix_mask.long().sum(dim=1)  # the first generated token's position: valid prefix tokens
-        finished = torch.zeros(b, dtype=torch.bool, device=prefix.device)
-        tokens, all_logits = [], []
-        token = logits.argmax(dim=-1)
+        cursor = DecodeCursor(prefix_mask, steps)
+
+        def step(token: torch.Tensor, t: int) -> torch.Tensor:
+            index = cursor.index(t)
+            cursor.mask[:, index] = True  # the token goes into the cache and sees itself
+            out = self.decode_step(cache, cursor.mask, token, cursor.position, index)
+            cursor.advance(t)
+            return out
+
         first = now()
-        for t in range(steps):
-            if t > 0:
-                index = p + t - 1  # the previous token goes into the cache and sees itself
-                mask[:, index] = True
-                logits = self.decode_step(cache, mask, token, position, index)
-                position = position + 1
-            token = logits.argmax(dim=-1)
-            tokens.append(token)
-            if keep_logits:
-                all_logits.append(logits.float())
-            finished |= token == cfg.end_id
-            if bool(finished.all()):
-                break
+        tokens, all_logits = greedy_decode(logits, step, cfg, keep_logits)
         end = now()
         return Generated(
-            tokens=torch.stack(tokens, dim=1),
-            logits=torch.stack(all_logits, dim=1) if keep_logits else None,
-            prefill_ms=(first - start) * 1e3,
-            decode_ms=(end - first) * 1e3,
+            tokens=tokens, logits=all_logits, prefill_ms=(first - start) * 1e3, decode_ms=(end - first) * 1e3
         )

@@ -50,23 +50,29 @@ class Pi0FastTorchRunner(TorchRunner):
         if rtc is not None:
             raise RtcError(f"real-time chunking does not apply: {RTC_REASON}")
         model = cast(Pi0FastModel, self.model)
-        cfg = model.cfg
         with torch.inference_mode():
             generated = model.generate(compact(inputs) if self.compact else inputs, sync=self._sync)
-        tokens = generated.tokens.cpu().numpy()
-        chunks, extras = [], []
-        for row in tokens:
-            ids = row.tolist()
-            cut = ids.index(cfg.end_id) + 1 if cfg.end_id in ids else len(ids)
-            extras.append({"action_tokens": np.asarray(ids[:cut], dtype=np.int64)})
-            chunks.append(self.detokenizer.decode(ids, cfg.action_horizon, cfg.action_dim))
-        steps = tokens.shape[1]
-        decode_s = generated.decode_ms / 1e3
-        stage_ms = {
-            "prefill_ms": generated.prefill_ms,
-            "decode_ms": generated.decode_ms,
-            "time_to_first_token_ms": generated.prefill_ms,
-            "tokens_per_s": (steps - 1) / decode_s if steps > 1 and decode_s > 0 else 0.0,
-            "decode_steps": float(steps),
-        }
-        return Sampled(np.stack(chunks).astype(np.float32), stage_ms, extras)
+        return decoded(self.detokenizer, generated.tokens, generated.prefill_ms, generated.decode_ms)
+
+
+def decoded(detokenizer: FastDetokenizer, generated: torch.Tensor, prefill_ms: float, decode_ms: float) -> Sampled:
+    """Generated tokens (B, n) -> what every pi0-FAST runner returns: the FAST-decoded normalized chunks, each
+    row's tokens up to its end marker as `action_tokens`, and the decoder's timings."""
+    cfg = detokenizer.cfg
+    tokens = generated.cpu().numpy()
+    chunks, extras = [], []
+    for row in tokens:
+        ids = row.tolist()
+        cut = ids.index(cfg.end_id) + 1 if cfg.end_id in ids else len(ids)
+        extras.append({"action_tokens": np.asarray(ids[:cut], dtype=np.int64)})
+        chunks.append(detokenizer.decode(ids, cfg.action_horizon, cfg.action_dim))
+    steps = tokens.shape[1]
+    decode_s = decode_ms / 1e3
+    stage_ms = {
+        "prefill_ms": prefill_ms,
+        "decode_ms": decode_ms,
+        "time_to_first_token_ms": prefill_ms,
+        "tokens_per_s": (steps - 1) / decode_s if steps > 1 and decode_s > 0 else 0.0,
+        "decode_steps": float(steps),
+    }
+    return Sampled(np.stack(chunks).astype(np.float32), stage_ms, extras)
