@@ -12,10 +12,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import rclpy
-from lifecycle_msgs.srv import ChangeState
+from lifecycle_msgs.msg import State
+from lifecycle_msgs.srv import ChangeState, GetState
 from rclpy.action import ActionClient
 from rclpy.executors import SingleThreadedExecutor
 from std_msgs.msg import Bool
@@ -45,6 +47,13 @@ sim:
 # Generous: two torch processes share two busy cores.
 START_S = 120.0
 STEP_S = 60.0
+# An unanswered lifecycle request is checked (and sent again) after this long: configure takes seconds.
+REPLY_S = 30.0
+
+
+def _logs(procs) -> str:
+    """The processes' output so far (they write to files: a pipe nobody reads would fill and block them)."""
+    return "\n".join(f"--- {' '.join(p.args[2:4])}:\n{Path(p.log).read_text()[-4000:]}" for p in procs)
 
 
 class Client:
@@ -57,6 +66,7 @@ class Client:
         self.node.create_subscription(JointTrajectory, "/arm_controller/joint_trajectory", self._command, 100)
         self.estop = self.node.create_publisher(Bool, "/omni_ros/estop", 10)
         self.change_state = self.node.create_client(ChangeState, "/omni_ros_policy/change_state")
+        self.get_state = self.node.create_client(GetState, "/omni_ros_policy/get_state")
         self.feedback: list[RunPolicy.Feedback] = []
 
     def _command(self, msg: JointTrajectory) -> None:
@@ -65,10 +75,10 @@ class Client:
     def spin_until(self, done: Callable[[], bool], timeout: float, procs, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not done():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{_logs(procs)}"
             self.executor.spin_once(timeout_sec=0.05)
             for p in procs:
-                assert p.poll() is None, p.stdout.read()
+                assert p.poll() is None, _logs(procs)
 
     def send(self, procs, prompt: str, max_duration_s: float = 0.0, success_topic: str = ""):
         goal = RunPolicy.Goal(prompt=prompt, max_duration_s=max_duration_s, success_topic=success_topic)
@@ -83,13 +93,31 @@ class Client:
         self.spin_until(future.done, STEP_S, procs, "the result")
         return future.result()
 
-    def transition(self, procs, transition_id: int) -> None:
+    def transition(self, procs, transition_id: int, target: int) -> None:
+        """Change the node's lifecycle state to `target`. A service reply can be lost while DDS is still
+        matching the reply's reader (the request arrived, the node changed state, the answer never came), so an
+        unanswered request is followed by asking the node's state, and sent again only if it did not change."""
         self.spin_until(lambda: self.change_state.service_is_ready(), START_S, procs, "the lifecycle service")
-        request = ChangeState.Request()
-        request.transition.id = transition_id
-        future = self.change_state.call_async(request)
-        self.spin_until(future.done, START_S, procs, "the transition")
-        assert future.result().success
+        deadline = time.monotonic() + START_S
+        while True:
+            request = ChangeState.Request()
+            request.transition.id = transition_id
+            future = self.change_state.call_async(request)
+            try:
+                self.spin_until(future.done, REPLY_S, procs, "the transition")
+                assert future.result().success
+                return
+            except AssertionError:
+                if future.done() or time.monotonic() > deadline:
+                    raise
+            if self.state(procs) == target:
+                return
+
+    def state(self, procs) -> int:
+        self.spin_until(lambda: self.get_state.service_is_ready(), STEP_S, procs, "the state service")
+        future = self.get_state.call_async(GetState.Request())
+        self.spin_until(future.done, STEP_S, procs, "the state")
+        return future.result().current_state.id
 
     def stamps_after(self, t: float) -> list[float]:
         return [s for _, m in self.commands if (s := m.header.stamp.sec + m.header.stamp.nanosec * 1e-9) > t]
@@ -104,9 +132,12 @@ def stack(tmp_path, root):
         # Unconfigured: the test drives the lifecycle, to send a goal while the node is inactive.
         [sys.executable, "-m", "omni_ros.nodes.policy_node", "--config", str(config), "--no-activate"],
     ]
-    procs = [
-        subprocess.Popen(c, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands
-    ]
+    procs = []
+    for i, command in enumerate(commands):
+        log = tmp_path / f"process_{i}.log"
+        with log.open("w") as out:
+            procs.append(subprocess.Popen(command, cwd=root, stdout=out, stderr=subprocess.STDOUT, text=True))
+        procs[-1].log = log
     yield procs
     for p in procs:
         p.terminate()
@@ -121,7 +152,7 @@ def test_run_policy_goals(stack, ros_context):
     from lifecycle_msgs.msg import Transition
 
     c = Client(ros_context)
-    c.transition(stack, Transition.TRANSITION_CONFIGURE)
+    c.transition(stack, Transition.TRANSITION_CONFIGURE, State.PRIMARY_STATE_INACTIVE)
     c.spin_until(lambda: c.action.server_is_ready(), START_S, stack, "the action server")
 
     # 1. Inactive: accepted, waits saying why, no commands; activation lets it run.
@@ -131,7 +162,7 @@ def test_run_policy_goals(stack, ros_context):
     assert all(f.state == "waiting" for f in c.feedback)
     assert "activated" in c.feedback[-1].waiting_for
     assert not c.commands
-    c.transition(stack, Transition.TRANSITION_ACTIVATE)
+    c.transition(stack, Transition.TRANSITION_ACTIVATE, State.PRIMARY_STATE_ACTIVE)
     c.spin_until(lambda: len(c.commands) >= 20, START_S, stack, "commands after activation")
     c.spin_until(lambda: c.feedback[-1].state == "executing", STEP_S, stack, "executing feedback")
 

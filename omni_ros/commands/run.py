@@ -9,7 +9,9 @@ Exit status 0 when the goal succeeded, 1 for any other outcome, 2 when no policy
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -33,9 +35,21 @@ def run(args: argparse.Namespace) -> int:
     executor.add_node(node)
     client: Any = ActionClient(node, RunPolicy, args.action)
 
-    def spin_until(done: Any, timeout: float) -> bool:
+    # Ctrl-C only sets a flag, read between spins: a KeyboardInterrupt raised wherever the signal lands (inside
+    # rclpy's C++ converting a reply, say) came out as a cast error with a traceback, and the goal ran on.
+    interrupted = threading.Event()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops waiting for the cancel
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+    def spin_until(done: Any, timeout: float, interruptible: bool = True) -> bool:
         deadline = time.monotonic() + timeout
         while not done() and time.monotonic() < deadline:
+            if interruptible and interrupted.is_set():
+                raise KeyboardInterrupt
             executor.spin_once(timeout_sec=0.05)
         return bool(done())
 
@@ -70,14 +84,14 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             # Whenever Ctrl-C comes, a goal that was sent is cancelled: the robot must not keep running it.
             print("omni-ros run: cancelling (the robot holds)", flush=True)
-            if handle is None and sent is not None and spin_until(sent.done, args.wait):
+            if handle is None and sent is not None and spin_until(sent.done, args.wait, interruptible=False):
                 handle = sent.result()
             if handle is None or not handle.accepted:
                 return 130
             cancel = handle.cancel_goal_async()
-            spin_until(cancel.done, args.wait)
+            spin_until(cancel.done, args.wait, interruptible=False)
             result = result or handle.get_result_async()
-            spin_until(result.done, args.wait)
+            spin_until(result.done, args.wait, interruptible=False)
         response = result.result() if result is not None and result.done() else None
         if response is None:
             print("omni-ros run: no result from the policy node", file=sys.stderr)
@@ -86,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"outcome: {r.outcome} ({r.reason}); {r.duration_s:.1f} s, chunks {r.chunks}, commands {r.commands}")
         return 0 if r.outcome == RunPolicy.Result.OUTCOME_SUCCEEDED else 1
     finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         client.destroy()
         executor.shutdown()
         node.destroy_node()

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from omni_ros.export.forms import use_export_forms
+from omni_ros.export.lowering import cia_ops_collected_once
 from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
 from omni_ros.export.report import delegation_report
 from omni_ros.export.rtc_step import NAME as GUIDED_STEP
@@ -138,12 +139,14 @@ def export_policy(
             if target == "cuda":
                 from omni_ros.export.cuda import lower_cuda
 
-                edge = lower_cuda(programs)
+                with cia_ops_collected_once():
+                    edge = lower_cuda(programs)
             else:
                 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
                 from executorch.exir import to_edge_transform_and_lower
 
-                edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+                with cia_ops_collected_once():
+                    edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
             timings["lower_s"] = time.perf_counter() - t0
         report = delegation_report(edge, methods)
         t0 = time.perf_counter()

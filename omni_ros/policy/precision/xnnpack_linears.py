@@ -58,6 +58,7 @@ def _write_program(linears: dict[str, nn.Linear], folder: Path) -> dict[str, Any
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
+    from omni_ros.export.lowering import cia_ops_collected_once
     from omni_ros.policy.quantize import quantize_model
 
     start = time.perf_counter()
@@ -71,7 +72,8 @@ def _write_program(linears: dict[str, nn.Linear], folder: Path) -> dict[str, Any
         if (i + 1) % 50 == 0:
             logger.info("int8 xnnpack kernels: traced %d / %d linears", i + 1, len(linears))
     logger.info("int8 xnnpack kernels: lowering %d methods to XNNPACK (once per checkpoint and CPU)", len(programs))
-    edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+    with cia_ops_collected_once():
+        edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
     (folder / PROGRAM).write_bytes(edge.to_executorch().buffer)
     return {
         "methods": {f"linear_{i}": name for i, name in enumerate(linears)},
