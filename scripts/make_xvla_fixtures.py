@@ -21,9 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import make_reference_fixtures as ref  # installs the local-tokenizer stand-in inside LeRobot's tokenizer step
-
 import lerobot
+import make_reference_fixtures as ref  # installs the local-tokenizer stand-in inside LeRobot's tokenizer step
 import numpy as np
 import tokenizers
 import torch
@@ -39,7 +38,11 @@ from safetensors.torch import load_file, save_file
 MANIFEST = "xvla.json"
 BART_NAME = "facebook/bart-large"  # LeRobot's default tokenizer_name for X-VLA
 BART_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # BART's ids 0..3
-CAMERAS = [("observation.images.top", 48, 64), ("observation.images.wrist", 40, 40), ("observation.images.side", 60, 44)]
+CAMERAS = [
+    ("observation.images.top", 48, 64),
+    ("observation.images.wrist", 40, 40),
+    ("observation.images.side", 60, 44),
+]
 
 
 def bart_like_tokenizer() -> transformers.PreTrainedTokenizerFast:

@@ -90,7 +90,9 @@ def translate_florence(florence: Any, source: Path) -> tuple[dict, dict]:
     temporal = vision.pop("visual_temporal_embedding", None)
     if temporal is not None:
         if temporal.get("type") != "COSINE":
-            raise CheckpointError(f"{source}: unsupported Florence-2 visual_temporal_embedding {temporal.get('type')!r}")
+            raise CheckpointError(
+                f"{source}: unsupported Florence-2 visual_temporal_embedding {temporal.get('type')!r}"
+            )
         vision["max_temporal_embeddings"] = temporal["max_temporal_embeddings"]
     pooling = vision.pop("image_feature_source", None)
     if pooling is not None and list(pooling) != ["spatial_avg_pool", "temporal_avg_pool"]:
@@ -149,7 +151,9 @@ def read_xvla(path: Path, config: dict, tokenizer: Any) -> Checkpoint:
     for what, act in (("vision", vision.activation), ("text", text.activation)):
         if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu"):
             raise CheckpointError(f"{source}: Florence-2 {what} activation {act!r} is not supported")
-    vision.activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}.get(vision.activation, vision.activation)
+    vision.activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}.get(
+        vision.activation, vision.activation
+    )
     text.activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}.get(text.activation, text.activation)
     mode = str(config.get("action_mode", "ee6d"))
     max_action = int(config.get("max_action_dim", 20))
@@ -184,7 +188,10 @@ def read_xvla(path: Path, config: dict, tokenizer: Any) -> Checkpoint:
     tok_step = processor_step(path, "pre", "tokenizer_processor")
     tok_cfg_json = tok_step.get("config", {})
     hub_name = str(tok_cfg_json.get("tokenizer_name") or config.get("tokenizer_name") or "facebook/bart-large")
-    if tok_cfg_json.get("padding", "max_length") != "max_length" or tok_cfg_json.get("padding_side", "right") != "right":
+    if (
+        tok_cfg_json.get("padding", "max_length") != "max_length"
+        or tok_cfg_json.get("padding_side", "right") != "right"
+    ):
         raise CheckpointError(f"{source}: X-VLA's tokenizer step must pad right to max_length")
     found, origin, tok_cfg = find_tokenizer(path, tokenizer, hub_name, text.vocab_size)
     tok_cfg.max_tokens = int(tok_cfg_json.get("max_length") or config.get("tokenizer_max_length") or 64)
@@ -227,4 +234,3 @@ def read_xvla(path: Path, config: dict, tokenizer: Any) -> Checkpoint:
         place=xvla_placer(keys),
         tokenizer_source=origin,
     )
-

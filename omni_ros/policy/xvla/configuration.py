@@ -118,6 +118,17 @@ class XVLAConfig(ChunkConfig):
     def model_action_dim(self) -> int:
         return self.model_dim_action
 
+    @property
+    def tokens_per_camera(self) -> int | None:
+        """[mean token, grid tokens] of one view at the resize size (None: images keep their own size)."""
+        if not self.resize:
+            return None
+        h, w = self.resize
+        v = self.vision
+        for k, s, p in zip(v.patch_size, v.patch_stride, v.patch_padding, strict=True):
+            h, w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+        return 1 + h * w
+
     def observation_spec(self) -> ObservationSpec:
         """Any camera may be missing (the present ones move forward, as LeRobot stacks them), one must be there."""
         size = self.resize[0] if self.resize else 224

@@ -14,6 +14,7 @@ Florence-2 tree (`vlm.vision_tower...`, `vlm.language_model.encoder...`, `transf
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -148,7 +149,7 @@ class DaViT(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for conv, stage in zip(self.convs, self.blocks, strict=True):
             x = conv(x)
-            for block in stage:
+            for block in cast(nn.ModuleList, stage):
                 x = block(x)
         return x
 
@@ -199,6 +200,13 @@ class Projector(nn.Module):
         return self.image_proj_norm(self.image_projection(x))
 
 
+class BartAttention(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj = nn.Linear(width, width), nn.Linear(width, width)
+        self.v_proj, self.out_proj = nn.Linear(width, width), nn.Linear(width, width)
+
+
 class BartLayer(nn.Module):
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
 
@@ -206,16 +214,14 @@ class BartLayer(nn.Module):
         super().__init__()
         w = cfg.width
         self.heads, self.activation = cfg.num_heads, cfg.activation
-        self.self_attn = nn.Module()
-        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            self.self_attn.add_module(name, nn.Linear(w, w))
+        self.self_attn = BartAttention(w)
         self.self_attn_layer_norm = nn.LayerNorm(w)
         self.fc1, self.fc2 = nn.Linear(w, cfg.mlp_dim), nn.Linear(cfg.mlp_dim, w)
         self.final_layer_norm = nn.LayerNorm(w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.self_attn
-        q, k, v = (_split_heads(getattr(a, n)(x), self.heads) for n in ("q_proj", "k_proj", "v_proj"))
+        q, k, v = (_split_heads(proj(x), self.heads) for proj in (a.q_proj, a.k_proj, a.v_proj))
         attn = self.attention_kernel(q, k, v, None).transpose(1, 2).flatten(2)
         x = self.self_attn_layer_norm(x + a.out_proj(attn))
         return self.final_layer_norm(x + self.fc2(activate(self.fc1(x), self.activation)))
@@ -240,13 +246,18 @@ class BartEncoder(nn.Module):
         return x
 
 
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: BartConfig) -> None:
+        super().__init__()
+        self.encoder = BartEncoder(cfg)
+
+
 class Florence2(nn.Module):
     def __init__(self, cfg: XVLAConfig) -> None:
         super().__init__()
         self.vision_tower = DaViT(cfg.vision)
         self.multi_modal_projector = Projector(cfg.vision)
-        self.language_model = nn.Module()
-        self.language_model.add_module("encoder", BartEncoder(cfg.text))
+        self.language_model = LanguageModel(cfg.text)
 
 
 class DomainLinear(nn.Module):
@@ -263,6 +274,12 @@ class DomainLinear(nn.Module):
         return torch.matmul(x, weight) + self.bias(domain)[:, None, :]
 
 
+class HeadAttention(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+
+
 class HeadBlock(nn.Module):
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
 
@@ -271,9 +288,7 @@ class HeadBlock(nn.Module):
         w = cfg.width
         self.heads = cfg.num_heads
         self.norm1, self.norm2 = nn.LayerNorm(w), nn.LayerNorm(w)
-        self.attn = nn.Module()
-        self.attn.add_module("qkv", nn.Linear(w, 3 * w))
-        self.attn.add_module("proj", nn.Linear(w, w))
+        self.attn = HeadAttention(w)
         self.mlp = FFN(w, int(w * cfg.mlp_ratio), "gelu_tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ actions  the action space's output (sigmoid grippers, real width), the first act
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @dataclass(frozen=True)
 class XVLAInputs(ModelInputs):
-    domain_id: torch.Tensor = torch.zeros(0, dtype=torch.long)  # (B,) int64: the embodiment of each item
+    domain_id: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # (B,) embodiments
 
 
 def resize_with_pad_left_top(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
