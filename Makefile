@@ -38,6 +38,7 @@ reference-fixtures: setup
 	LEROBOT_VENV=$(LEROBOT_VENV) bash scripts/lerobot_venv.sh
 	$(LEROBOT_VENV)/bin/python scripts/make_reference_fixtures.py --out test/fixtures/reference
 	$(LEROBOT_VENV)/bin/python scripts/make_reference_fixtures.py --out test/fixtures/reference --pi0fast-only
+	$(LEROBOT_VENV)/bin/python scripts/make_xvla_fixtures.py --out test/fixtures/reference
 	$(LEROBOT_VENV)/bin/python scripts/make_dataset_fixtures.py --out test/fixtures/dataset
 	LEROBOT03_VENV=$(LEROBOT03_VENV) bash scripts/lerobot03_venv.sh
 	$(LEROBOT03_VENV)/bin/python scripts/make_legacy_fixtures.py --out test/fixtures/legacy

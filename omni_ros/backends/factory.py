@@ -63,7 +63,7 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
         "cache_dir": config.cache_dir,
     }
     if config.checkpoint:
-        policy = load(config.checkpoint, tokenizer=config.tokenizer, **common)
+        policy = load(config.checkpoint, tokenizer=config.tokenizer, domain_id=config.domain_id, **common)
         check_agrees(policy, camera_names, state_dim, action_dim, config.checkpoint)
         return policy
     return from_preset(config.preset, camera_names=camera_names, state_dim=state_dim, action_dim=action_dim, **common)

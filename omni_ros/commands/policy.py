@@ -39,7 +39,7 @@ def describe(checkpoint) -> dict:
         "lerobot_era": era,
         "family": checkpoint.family + (f" ({cfg.variant})" if getattr(cfg, "variant", None) else ""),
         "cameras": list(cfg.camera_names),
-        "image_size": cfg.vision.image_size,
+        "image_size": cfg.observation_spec().image_size,
         "state_dim": cfg.state_dim,
         "action_dim": cfg.action_dim,
         "model_widths": [
@@ -57,6 +57,11 @@ def describe(checkpoint) -> dict:
         **(
             {"fast_tokenizer": cfg.fast.path, "max_decoding_steps": cfg.max_decoding_steps}
             if checkpoint.family == "pi0_fast"
+            else {}
+        ),
+        **(
+            {"domain_id": cfg.domain_id, "num_domains": cfg.head.num_domains, "action_mode": cfg.action_mode}
+            if checkpoint.family == "xvla"
             else {}
         ),
     }
@@ -105,7 +110,8 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"source:       {info['source']}")
     saved_by = f" saved by LeRobot {summary['lerobot_era']}" if summary.get("lerobot_era") else ""
     print(f"layout:       {summary['layout']}{saved_by}, family {summary['family']}")
-    print(f"cameras:      {', '.join(cfg.camera_names)} ({cfg.vision.image_size}px tile, {per_camera} tokens each)")
+    tile = cfg.observation_spec().image_size
+    print(f"cameras:      {', '.join(cfg.camera_names)} ({tile}px tile, {per_camera} tokens each)")
     print(f"state/action: {cfg.state_dim} -> {cfg.action_horizon} x {cfg.action_dim} (dt {cfg.action_dt} s)")
     if args.checkpoint:
         norm, tok = summary["normalization"], summary["tokenizer"]

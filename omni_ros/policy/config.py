@@ -95,6 +95,9 @@ class PolicyConfig:
     # A tokenizer.json / tokenizer.model (or its folder) for a LeRobot or openpi checkpoint that ships none;
     # null: the checkpoint folder, then the local Hugging Face cache. Relative to the config file.
     tokenizer: str | None = None
+    # A cross-embodiment checkpoint's embodiment (X-VLA's domain: its soft prompts and per-domain layers) when an
+    # observation carries no `domain_id`; null: the checkpoint's saved default.
+    domain_id: int | None = None
     # backend remote: the server to ask.
     remote: RemoteConfig = field(default_factory=RemoteConfig)
 

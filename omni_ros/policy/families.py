@@ -103,7 +103,34 @@ def _pi0_fast() -> Family:
     return Family("pi0_fast", Pi0FastConfig, Pi0FastModel, processor, stages, runner)
 
 
-_FAMILIES: dict[str, Callable[[], Family]] = {"pi0": _pi0, "pi0_fast": _pi0_fast, "smolvla": _smolvla}
+def _xvla() -> Family:
+    """LeRobot's X-VLA checkpoints (Florence-2 + a soft-prompted, per-domain action head)."""
+    from omni_ros.policy.xvla.configuration import XVLAConfig
+    from omni_ros.policy.xvla.modeling import XVLAModel
+    from omni_ros.policy.xvla.processing import XVLAProcessor
+
+    def processor(cfg: Any, stats: NormStats, tokenizer: Tokenizer | None) -> Processor:
+        if tokenizer is None:
+            raise ValueError("an X-VLA checkpoint needs its BART tokenizer (tokenizer.json)")
+        return XVLAProcessor(cfg, stats, tokenizer)
+
+    def stages() -> StagePlan:
+        raise ValueError("X-VLA has no exported (program) form in omni_ros yet: serve it with the torch backend")
+
+    def runner(model: nn.Module, cfg: Any, **options: Any) -> Any:
+        from omni_ros.policy.xvla.runner import XVLATorchRunner
+
+        return XVLATorchRunner(model, **options)
+
+    return Family("xvla", XVLAConfig, XVLAModel, processor, stages, runner)
+
+
+_FAMILIES: dict[str, Callable[[], Family]] = {
+    "pi0": _pi0,
+    "pi0_fast": _pi0_fast,
+    "smolvla": _smolvla,
+    "xvla": _xvla,
+}
 
 
 def get(name: str) -> Family:

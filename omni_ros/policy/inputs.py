@@ -33,11 +33,11 @@ class ModelInputs:
             value = getattr(self, f.name)
             floating = value.is_floating_point() and dtype is not None
             moved[f.name] = value.to(device, dtype) if floating else value.to(device)
-        return ModelInputs(**moved)
+        return type(self)(**moved)
 
     def select(self, index: int) -> ModelInputs:
         """Batch item `index` alone, as a batch of one."""
-        return ModelInputs(**{f.name: getattr(self, f.name)[index : index + 1] for f in fields(self)})
+        return type(self)(**{f.name: getattr(self, f.name)[index : index + 1] for f in fields(self)})
 
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
         """(images, image_masks, tokens, token_mask, state): the order of the exported `sample` signature."""

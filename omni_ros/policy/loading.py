@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from omni_ros.policy import families, layouts
+from omni_ros.policy.layouts.common import CheckpointError
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pipeline import InferencePipeline
 from omni_ros.policy.precision import choose
@@ -40,6 +41,7 @@ def load(
     precision: str | None = None,
     int8_kernel: str = "auto",
     cache_dir: str | None = None,
+    domain_id: int | None = None,
 ) -> InferencePipeline:
     """The policy in checkpoint folder `path` (its layout detected), on the torch runner.
 
@@ -51,6 +53,9 @@ def load(
     """
     checkpoint = layouts.read(path, tokenizer=tokenizer)
     family = families.get(checkpoint.family)
+    if domain_id is not None:
+        # The embodiment an observation without `domain_id` is for (cross-embodiment checkpoints only).
+        set_domain(checkpoint, domain_id)
     choice = choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
     model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
     processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
@@ -62,6 +67,18 @@ def load(
         runner = TorchRunner(model, device, dtype, **options)
     steps = num_steps or checkpoint.config.num_steps
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=label)
+
+
+def set_domain(checkpoint: Any, domain_id: int) -> None:
+    cfg = checkpoint.config
+    domains = getattr(getattr(cfg, "head", None), "num_domains", None)
+    if domains is None:
+        raise CheckpointError(f"{checkpoint.path}: policy.domain_id is for cross-embodiment (X-VLA) checkpoints only")
+    if not 0 <= int(domain_id) < domains:
+        raise CheckpointError(
+            f"{checkpoint.path}: policy.domain_id {domain_id} is not one of its domains 0..{domains - 1}"
+        )
+    cfg.domain_id = int(domain_id)
 
 
 def from_model(

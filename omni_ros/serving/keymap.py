@@ -172,7 +172,10 @@ class KeyMap:
         """
         if not isinstance(obs, Mapping):
             raise KeyMapError(f"observation must be a dict (msgpack map), got {type(obs).__name__}")
-        self._check_keys(obs, self._tree, "", strict, ignored)
+        # `domain_id` (the embodiment of a cross-embodiment policy, X-VLA) passes through under its own name.
+        domain = obs.get("domain_id")
+        rest = {k: v for k, v in obs.items() if k != "domain_id"} if domain is not None else obs
+        self._check_keys(rest, self._tree, "", strict, ignored)
         images: dict[str, np.ndarray] = {}
         for camera, path, parts in self._images:
             found, value = _lookup(obs, parts)
@@ -195,6 +198,8 @@ class KeyMap:
             if not isinstance(prompt, str):
                 raise KeyMapError(f"'{self.config.prompt}' must be a string, got {type(prompt).__name__}")
             raw["prompt"] = prompt
+        if domain is not None:
+            raw["domain_id"] = domain
         return raw
 
     def _check_keys(

@@ -20,12 +20,13 @@ from omni_ros.policy.layouts.common import Checkpoint, CheckpointError
 from omni_ros.policy.layouts.lerobot_files import features, norm_stats, processor_step, read_json
 from omni_ros.policy.layouts.lerobot_pi0fast import read_pi0_fast
 from omni_ros.policy.layouts.lerobot_smolvla import read_smolvla
+from omni_ros.policy.layouts.lerobot_xvla import read_xvla
 from omni_ros.policy.layouts.pi0_weights import architecture, our_shapes, placer
 from omni_ros.policy.layouts.tokenizer_files import find_tokenizer
 from omni_ros.policy.layouts.weights import SafetensorsFile
 
 PI0_TYPES = ("pi0", "pi05")
-SUPPORTED = (*PI0_TYPES, "pi0_fast", "smolvla")
+SUPPORTED = (*PI0_TYPES, "pi0_fast", "smolvla", "xvla")
 
 
 def is_lerobot(path: Path) -> bool:
@@ -78,6 +79,8 @@ def era(path: Path) -> str:
 def read(path: Path, tokenizer: Any = None) -> Checkpoint:
     config = read_json(path / "config.json")
     kind = policy_type(config, path / "config.json")
+    if kind == "xvla":
+        return read_xvla(path, config, tokenizer)  # LeRobot >= 0.5 only: its own processor files
     saved_by = era(path)
     if saved_by == lerobot_legacy.ERA and kind == "pi05":
         raise CheckpointError(f"{path}: pi05 did not exist before LeRobot 0.4; its folder needs processor files")

@@ -49,6 +49,7 @@ class Placement:
     name: str
     rows: tuple[int, int] | None = None  # fill rows [start, stop) of the parameter
     unsqueeze: bool = False  # the parameter has an extra leading dimension of 1
+    transpose: bool = False  # a 2-D file tensor stored (in, out) for a linear's (out, in) weight
 
 
 Place = Callable[[str], "Placement | None"]  # file key -> placement, or None to skip the tensor
@@ -197,6 +198,7 @@ def _shape_problem(file: SafetensorsFile, name: str, shape: tuple[int, ...], par
     if len(parts) == 1 and parts[0][1].rows is None:
         key, placement = parts[0]
         got = (1, *file.shape(key)) if placement.unsqueeze else file.shape(key)
+        got = got[::-1] if placement.transpose else got
         return "" if got == shape else f"{name}: {got} vs {shape}"
     rows = sorted(p.rows or (0, 0) for _, p in parts)
     covered = rows[0][0] == 0 and rows[-1][1] == shape[0] and all(a[1] == b[0] for a, b in itertools.pairwise(rows))
@@ -208,6 +210,10 @@ def _materialize(file: SafetensorsFile, shape, parts, dtype: torch.dtype) -> tor
     if len(parts) == 1 and parts[0][1].rows is None:
         key, placement = parts[0]
         view = file.view(key)
+        if placement.transpose:
+            tensor = view.t().contiguous().to(dtype)
+            file.release(key)
+            return tensor
         if view.dtype == dtype:
             return view[None] if placement.unsqueeze else view  # zero-copy: the mapped file itself
         tensor = view.to(dtype)

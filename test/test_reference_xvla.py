@@ -1,0 +1,204 @@
+"""X-VLA from LeRobot 0.6.1 folders: LeRobot's own actions for the same observation, domain and noise.
+
+The fixtures (test/fixtures/reference/xvla.json, `scripts/make_xvla_fixtures.py`) are tiny random `xvla` policies
+built and saved by LeRobot 0.6.1 (a Florence-2 config given inline, in the remote-code form for xvla_1cam and the
+native form for xvla_3cam; a tiny BART-shaped tokenizer); each case stores the raw observation, the domain LeRobot's
+preprocessor was set to, the noise LeRobot drew inside `generate_actions` (its generator seeded, the draw
+checked) and the final actions.
+
+Tolerance: 1e-4 on the actions in float32 (measured: about 2e-7); bf16 / int8 GEMMs within 0.05 / 0.1 of fp32
+on actions of magnitude ~0.3 (the tiny model's widths of 16-32 make their relative error larger than a real one's).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import omni_ros.policy
+from omni_ros.errors import OmniRosError
+from omni_ros.observation import ObservationError
+from omni_ros.policy.layouts import CheckpointError
+
+REFERENCE = Path(__file__).parent / "fixtures" / "reference"
+MANIFEST = json.loads((REFERENCE / "xvla.json").read_text())
+CASES = [(name, case) for name, f in MANIFEST["fixtures"].items() for case in f["cases"]]
+TOL = 1e-4
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+_POLICIES: dict[str, object] = {}
+
+
+def policy(fixture: str):
+    if fixture not in _POLICIES:
+        _POLICIES[fixture] = omni_ros.policy.load(REFERENCE / fixture)
+    return _POLICIES[fixture]
+
+
+def case(fixture: str, name: str) -> tuple[dict, dict[str, np.ndarray], dict]:
+    info = MANIFEST["fixtures"][fixture]["cases"][name]
+    data = load_file(REFERENCE / info["file"])
+    prefix = "observation/observation.images."
+    obs = {
+        "images": {k.removeprefix(prefix): v for k, v in data.items() if k.startswith(prefix)},
+        "state": data["observation/observation.state"],
+        "prompt": info["prompt"],
+        "domain_id": info["domain_id"],
+    }
+    return info, data, obs
+
+
+@pytest.mark.parametrize(("fixture", "name"), CASES)
+def test_matches_lerobot(fixture, name):
+    _, data, obs = case(fixture, name)
+    out = policy(fixture).infer(obs, noise=data["noise"][0])
+    assert out["actions"].shape == data["actions"][0].shape
+    np.testing.assert_allclose(out["actions"], data["actions"][0], rtol=0, atol=TOL)
+
+
+def test_the_cases_cover_domains_and_missing_cameras():
+    domains = {c["domain_id"] for f in MANIFEST["fixtures"].values() for c in f["cases"].values()}
+    assert len(domains) >= 2
+    three = MANIFEST["fixtures"]["xvla_3cam"]
+    assert any(len(c["present_cameras"]) < len(three["cameras"]) for c in three["cases"].values())
+
+
+def test_domain_defaults_to_the_checkpoint_then_the_yaml():
+    _, data, obs = case("xvla_1cam", "pick_domain1")  # the checkpoint's saved domain is 1
+    del obs["domain_id"]
+    out = policy("xvla_1cam").infer(obs, noise=data["noise"][0])
+    np.testing.assert_allclose(out["actions"], data["actions"][0], rtol=0, atol=TOL)
+    _, other, _ = case("xvla_1cam", "pick_domain2")
+    two = omni_ros.policy.load(REFERENCE / "xvla_1cam", domain_id=2)
+    np.testing.assert_allclose(two.infer(obs, noise=other["noise"][0])["actions"], other["actions"][0], atol=TOL)
+
+
+def test_a_wrong_domain_changes_the_actions():
+    _, data, obs = case("xvla_3cam", "all_domain0")
+    obs["domain_id"] = 1
+    out = policy("xvla_3cam").infer(obs, noise=data["noise"][0])
+    assert np.abs(out["actions"] - data["actions"][0]).max() > 1e-2
+
+
+def test_unknown_domain_is_one_clear_error_and_the_policy_keeps_serving():
+    _, data, obs = case("xvla_1cam", "pick_domain1")
+    for bad in (3, -1, "x", 1.5):
+        with pytest.raises(ObservationError, match="domain_id"):
+            policy("xvla_1cam").infer({**obs, "domain_id": bad}, noise=data["noise"][0])
+    out = policy("xvla_1cam").infer(obs, noise=data["noise"][0])
+    np.testing.assert_allclose(out["actions"], data["actions"][0], rtol=0, atol=TOL)
+    with pytest.raises(CheckpointError, match="domain_id 7"):
+        omni_ros.policy.load(REFERENCE / "xvla_1cam", domain_id=7)
+
+
+def _edited(tmp_path: Path, fixture: str, edit) -> Path:
+    folder = tmp_path / fixture
+    shutil.copytree(REFERENCE / fixture, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_an_action_space_we_do_not_implement_is_refused(tmp_path):
+    folder = _edited(tmp_path, "xvla_1cam", lambda c: c.update(action_mode="bimanual_quaternion"))
+    with pytest.raises(CheckpointError, match="action_mode 'bimanual_quaternion' is not implemented"):
+        omni_ros.policy.load(folder)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c["florence_config"]["vision_config"].update(model_type="clip"), "vision backbone 'clip'"),
+        (lambda c: c["florence_config"]["vision_config"].update(image_pos_embed={"type": "sine"}), "image_pos_embed"),
+        (lambda c: c["florence_config"].pop("text_config"), "needs vision_config and text_config"),
+        (lambda c: c["florence_config"]["vision_config"].update(num_heads=[3, 4]), "cannot be built"),
+    ],
+)
+def test_a_florence_config_we_cannot_build_is_refused(tmp_path, edit, message):
+    folder = _edited(tmp_path, "xvla_1cam", edit)
+    with pytest.raises(CheckpointError, match=message):
+        omni_ros.policy.load(folder)
+    assert issubclass(CheckpointError, OmniRosError)
+
+
+def test_vendored_florence_keys_load_through_the_remap(tmp_path):
+    """An older checkpoint's vendored Florence-2 names (LeRobot remaps them on load): same actions."""
+    from safetensors.torch import load_file as load_torch
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "xvla_1cam"
+    shutil.copytree(REFERENCE / "xvla_1cam", folder)
+    tensors = load_torch(folder / "model.safetensors")
+    old = {}
+    for key, value in tensors.items():
+        k = key.replace("model.vlm.language_model.", "model.vlm.language_model.model.")
+        k = k.replace("multi_modal_projector.image_proj_norm.", "image_proj_norm.")
+        k = k.replace("multi_modal_projector.image_position_embed.", "image_pos_embed.")
+        k = k.replace("multi_modal_projector.visual_temporal_embed.", "visual_temporal_embed.")
+        k = k.replace(".conv.", ".proj.") if ".convs." in k else k
+        for half in ("spatial_block", "channel_block"):
+            attn = "window_attn" if half == "spatial_block" else "channel_attn"
+            k = k.replace(f"{half}.conv1.", f"{half}.conv1.fn.dw.").replace(f"{half}.conv2.", f"{half}.conv2.fn.dw.")
+            k = k.replace(f"{half}.norm1.", f"{half}.{attn}.norm.").replace(f"{half}.{attn}.", f"{half}.{attn}.fn.", 1)
+            k = k.replace(f"{half}.{attn}.fn.norm.", f"{half}.{attn}.norm.")
+            k = k.replace(f"{half}.norm2.", f"{half}.ffn.norm.").replace(f"{half}.ffn.fc", f"{half}.ffn.fn.net.fc")
+        if k.endswith("multi_modal_projector.image_projection.weight"):
+            k, value = "model.vlm.image_projection", value.t().contiguous()
+        old[k] = value
+    assert any(".fn.dw." in k for k in old) and "model.vlm.image_projection" in old
+    save_file(old, folder / "model.safetensors")
+    _, data, obs = case("xvla_1cam", "stack_domain1")
+    out = omni_ros.policy.load(folder).infer(obs, noise=data["noise"][0])
+    np.testing.assert_allclose(out["actions"], data["actions"][0], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize(("precision", "tol"), [("bf16", 0.05), ("int8", 0.1)])
+def test_precisions_stay_close_to_fp32(precision, tol):
+    _, data, obs = case("xvla_3cam", "missing_wrist")
+    pol = omni_ros.policy.load(REFERENCE / "xvla_3cam", precision=precision, int8_kernel="onednn")
+    assert pol.runner.applied.linears > 0  # the model's linears were swapped
+    out = pol.infer(obs, noise=data["noise"][0])
+    err = np.abs(out["actions"] - data["actions"][0]).max()
+    assert err < tol, f"{precision}: {err}"
+
+
+def test_seeded_noise_and_rtc_refusal():
+    from omni_ros.policy.rtc import RtcError, RtcRequest
+
+    _, _, obs = case("xvla_1cam", "pick_domain1")
+    pol = policy("xvla_1cam")
+    a, b = pol.infer(obs)["actions"], pol.infer(obs)["actions"]
+    np.testing.assert_array_equal(a, b)
+    assert pol.rtc_methods == ()
+    with pytest.raises(RtcError):
+        pol.infer(obs, rtc=RtcRequest(prev_actions=np.zeros((32, 20), np.float32), inference_delay=1))
+
+
+def test_policy_info_and_infer_cli(root):
+    import subprocess
+    import sys
+
+    folder = str(REFERENCE / "xvla_3cam")
+    cmd = [sys.executable, "-m", "omni_ros.cli", "policy", "info", "--json", "--checkpoint", folder]
+    info = json.loads(subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True, timeout=120).stdout)
+    assert info["family"] == "xvla" and info["action_horizon"] == 32
+
+
+def test_through_the_bridge_with_the_real_openpi_client():
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from omni_ros.serving.config import ServeConfig
+    from omni_ros.serving.server import ServerThread
+
+    _, data, obs = case("xvla_3cam", "all_domain2")
+    with ServerThread(policy("xvla_3cam"), ServeConfig(port=0)) as server:
+        client = WebsocketClientPolicy(server.url)
+        assert tuple(client.get_server_metadata()["noise_shape"]) == (32, 20)
+        result = client.infer({**obs, "noise": data["noise"][0]})
+    np.testing.assert_allclose(result["actions"], data["actions"][0], rtol=0, atol=TOL)
