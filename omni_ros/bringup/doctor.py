@@ -24,6 +24,8 @@ IMAGE, COMPRESSED, JOINT_STATE, STRING = (
 TRAJECTORY = "trajectory_msgs/msg/JointTrajectory"
 # Longest wait for the inputs' publishers to be discovered before the listening starts (s).
 DISCOVERY_S = 5.0
+# How long an input that looks stale at the end of the listening window may take to send a fresh message.
+STALE_GRACE_S = 1.0
 
 
 @dataclass
@@ -110,6 +112,19 @@ def observe(
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.05)
+        # One look at the end could catch a publisher in a momentary stall (a busy machine paused every input
+        # for 0.3 s once): an input that looks stale gets up to STALE_GRACE_S more to send a fresh message. A dead
+        # publisher stays stale and is reported; one that only hiccuped is not.
+        limits = {c.topic: config.control.camera_stale_s for c in topics.cameras}
+        limits[topics.joint_states] = config.control.state_stale_s
+
+        def stale() -> bool:
+            t = clock()
+            return any(t - s.last_stamp > limits[k] for k, s in seen.items() if k in limits)
+
+        grace = time.monotonic() + STALE_GRACE_S
+        while stale() and time.monotonic() < grace:
+            executor.spin_once(timeout_sec=0.02)
         now = clock()
         checks = [_camera(node, c.name, c.topic, c.compressed, seen.get(c.topic), now, config) for c in topics.cameras]
         checks.append(_joints(node, seen.get(topics.joint_states), now, config))
