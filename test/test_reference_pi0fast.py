@@ -269,19 +269,12 @@ FAST_ARM = REFERENCE / "pi0fast_1cam"  # one camera (top), 6 joints in, 6 comman
 JOINTS = [f"joint_{i}" for i in range(1, 7)]
 
 
-def _configure_node(cfg) -> None:
-    from omni_ros.config import CameraTopic
-
-    cfg.policy.checkpoint, cfg.policy.preset = str(FAST_ARM), "tiny"
-    cfg.robot.joint_names = list(JOINTS)
-    cfg.topics.cameras = [CameraTopic("top", "/camera/top/image_raw")]
-
-
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_the_policy_node_runs_a_pi0fast_checkpoint_over_dds():
+    from helpers.checkpoint_runs import one_camera_node
     from helpers.policy_harness import Harness
 
-    harness = Harness(configure=_configure_node).start(prompt="Pick up the RED cube")
+    harness = Harness(configure=one_camera_node(FAST_ARM, JOINTS)).start(prompt="Pick up the RED cube")
     try:
         harness.wait_state("running", timeout=30)
         assert harness.wait_for(lambda: len(harness.chunks) >= 2, timeout=30)
@@ -296,9 +289,8 @@ def test_the_policy_node_runs_a_pi0fast_checkpoint_over_dds():
 
 
 def test_eval_replays_a_bag_through_a_pi0fast_checkpoint(tmp_path):
-    from omni_ros.eval.evaluate import evaluate
-    from omni_ros.eval.schema import validate
-    from omni_ros.eval.synthetic import SyntheticSpec, write_synthetic_bag
+    from helpers.checkpoint_runs import replay_metrics
+    from omni_ros.eval.synthetic import SyntheticSpec
 
     spec = SyntheticSpec(
         duration_s=1.0,
@@ -309,11 +301,6 @@ def test_eval_replays_a_bag_through_a_pi0fast_checkpoint(tmp_path):
         amplitude=[0.0, 0.4, 0.3, 0.1, 0.0, 0.2],
         omega=[0.0, 2.0, 3.0, 1.0, 0.0, 4.0],
     )
-    bag = write_synthetic_bag(tmp_path / "bag", spec)
-    config = spec.config()
-    config.policy.checkpoint = str(FAST_ARM)
-    evaluate([bag], config, out_dir=tmp_path / "out", progress=False)
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert validate(metrics) == []
+    metrics = replay_metrics(tmp_path, FAST_ARM, spec)
     assert metrics["policy"]["model"] == "pi0fast_1cam" and metrics["overall"]["evaluated"] >= 5
     assert np.isfinite(metrics["overall"]["mae"])

@@ -208,20 +208,13 @@ ARM = REFERENCE / "xvla_1cam"  # one camera (top), 20 state values in, 20 action
 JOINTS = [f"joint_{i}" for i in range(1, 21)]
 
 
-def _configure_node(cfg) -> None:
-    from omni_ros.config import CameraTopic
-
-    cfg.policy.checkpoint, cfg.policy.preset = str(ARM), "tiny"
-    cfg.policy.domain_id = 2  # the YAML's embodiment, not the checkpoint's saved 1
-    cfg.robot.joint_names = list(JOINTS)
-    cfg.topics.cameras = [CameraTopic("top", "/camera/top/image_raw")]
-
-
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_the_policy_node_runs_an_xvla_checkpoint_over_dds():
+    from helpers.checkpoint_runs import one_camera_node
     from helpers.policy_harness import Harness
 
-    harness = Harness(configure=_configure_node).start(prompt="open the drawer")
+    # domain 2: the YAML's embodiment, not the checkpoint's saved 1
+    harness = Harness(configure=one_camera_node(ARM, JOINTS, domain_id=2)).start(prompt="open the drawer")
     try:
         harness.wait_state("running", timeout=30)
         assert harness.wait_for(lambda: len(harness.chunks) >= 2, timeout=30)
@@ -237,9 +230,8 @@ def test_the_policy_node_runs_an_xvla_checkpoint_over_dds():
 
 
 def test_eval_replays_a_bag_through_an_xvla_checkpoint(tmp_path):
-    from omni_ros.eval.evaluate import evaluate
-    from omni_ros.eval.schema import validate
-    from omni_ros.eval.synthetic import SyntheticSpec, write_synthetic_bag
+    from helpers.checkpoint_runs import replay_metrics
+    from omni_ros.eval.synthetic import SyntheticSpec
 
     rng = np.random.default_rng(3)
     spec = SyntheticSpec(
@@ -251,11 +243,6 @@ def test_eval_replays_a_bag_through_an_xvla_checkpoint(tmp_path):
         amplitude=list(rng.uniform(0.0, 0.3, 20)),
         omega=list(rng.uniform(0.0, 4.0, 20)),
     )
-    bag = write_synthetic_bag(tmp_path / "bag", spec)
-    config = spec.config()
-    config.policy.checkpoint = str(ARM)
-    evaluate([bag], config, out_dir=tmp_path / "out", progress=False)
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert validate(metrics) == []
+    metrics = replay_metrics(tmp_path, ARM, spec)
     assert metrics["policy"]["model"] == "xvla_1cam" and metrics["overall"]["evaluated"] >= 5
     assert np.isfinite(metrics["overall"]["mae"])
