@@ -72,6 +72,7 @@ def test_jazzy_robot_gets_a_stream_of_commands(tmp_path, root):
     assert report["commands"] > 0, "no command reached the Jazzy robot\n--- policy node:\n" + log
     assert report["joint_names"] == [["joint_1", "joint_2", "joint_3"]]
     assert report["points"] == [1] and report["finite"]
-    # Sustained: stamps spread over the window at a fifth of the control rate or more (one burst of queued
-    # commands would have a span near zero and a huge rate, or a single stamp and none).
+    # Sustained: at a fifth of the control rate or more, and the stamps span at least half of the robot's 5 s
+    # window (one burst of queued commands would have a span near zero).
     assert report["commands"] >= 10 and report["rate_hz"] >= 0.2 * CONTROL_RATE_HZ, report
+    assert (report["commands"] - 1) / report["rate_hz"] >= 2.5, report

@@ -1,4 +1,4 @@
-"""omni_ros/export/lowering.py: torch's composite-op walk done once inside the context, torch's own after it."""
+"""omni_ros/lowering.py: torch's composite-op walk done once inside the context, torch's own after it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch._export.utils as utils
 import torch.export.exported_program as exported_program
 from torch import nn
 
-from omni_ros.export.lowering import NAME, cia_ops_collected_once
+from omni_ros.lowering import NAME, cia_ops_collected_once
 
 
 def test_the_walk_is_done_once_inside_and_restored_after():

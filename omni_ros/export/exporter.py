@@ -18,12 +18,12 @@ import torch
 from torch import nn
 
 from omni_ros.export.forms import use_export_forms
-from omni_ros.export.lowering import cia_ops_collected_once
 from omni_ros.export.qnn import QnnOptions, find_qnn_sdk, lower_qnn, qnn_plan
 from omni_ros.export.report import delegation_report
 from omni_ros.export.rtc_step import NAME as GUIDED_STEP
 from omni_ros.export.rtc_step import GuidedStep, guided_signature
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
+from omni_ros.lowering import cia_ops_collected_once
 from omni_ros.policy.families import stage_plan
 from omni_ros.policy.methods import StagePlan
 from omni_ros.policy.normalize import NormStats

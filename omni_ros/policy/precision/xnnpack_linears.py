@@ -58,7 +58,7 @@ def _write_program(linears: dict[str, nn.Linear], folder: Path) -> dict[str, Any
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from omni_ros.export.lowering import cia_ops_collected_once
+    from omni_ros.lowering import cia_ops_collected_once
     from omni_ros.policy.quantize import quantize_model
 
     start = time.perf_counter()
