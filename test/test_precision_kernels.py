@@ -166,3 +166,38 @@ def test_a_projection_only_bf16_attention_reads_answers_in_bf16_with_the_same_nu
         plain = block(x)
     assert fast.dtype == torch.float32
     torch.testing.assert_close(fast, plain, rtol=0, atol=0)
+
+
+def test_a_few_rows_read_the_int8_weight_with_bf16_activations():
+    """A decoding step's single row takes the int8 weight times the bfloat16-rounded input (float32 sums); the
+    GEMM path with per-token int8 activations still serves more rows. Both stay within the int8 bound of float32
+    (4%, the issue's), and the single row is the product of exactly those operands (the kernel's bfloat16 output
+    rounding: 2^-8 relative at most)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    layer = Int8Linear(linear)
+    assert layer.vector
+    one, many = torch.randn(1, 1, 64), torch.randn(1, 9, 64)
+    with torch.inference_mode():
+        out_one, out_many, float_one = layer(one), layer(many), linear(one)
+        operands = one.bfloat16().float() @ layer.dequantized_weight().t()
+        gemm_one = layer(torch.cat([one, many], dim=1))[:, :1]  # the same row inside a 10-row GEMM
+    assert out_one.shape == (1, 1, 48) and out_one.dtype == torch.float32
+    # The rounding is the product's, before the bias: compare the product itself.
+    torch.testing.assert_close(out_one - linear.bias.detach(), operands, rtol=2**-8, atol=1e-6)
+    assert _rel(out_one, float_one) < 0.04 and _rel(out_many, linear(many).detach()) < 0.04
+    assert _rel(out_one, gemm_one) > 1e-6  # the single row did not go through the per-token GEMM
+
+
+def test_a_width_the_vector_kernel_cannot_take_keeps_the_gemm():
+    """torch's int8-weight kernel needs an input width that is a multiple of 16 (24 gave wrong sums): such layers
+    answer a single row through the GEMM path, with the same numbers as that row inside a larger call."""
+    torch.manual_seed(0)
+    linear = nn.Linear(24, 40)
+    layer = Int8Linear(linear)
+    assert not layer.vector
+    x = torch.randn(1, 6, 24)
+    with torch.inference_mode():
+        alone, inside = layer(x[:, :1]), layer(x)[:, :1]
+    torch.testing.assert_close(alone, inside, rtol=0, atol=0)
+    assert _rel(alone, linear(x[:, :1]).detach()) < 0.04

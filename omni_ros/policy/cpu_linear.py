@@ -66,10 +66,16 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear`, in place; returns how many."""
+    """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear`, in place; returns how many.
+
+    The linears under the modules a model lists in `row_vector_modules` stay dense: a decoder that feeds one token
+    at a time (pi0-FAST's backbone) multiplies single rows, where MKL's product from the plain weight beat
+    oneDNN's packed one (edge pi0-FAST decode step 10% faster, prefill about 5% slower at 571 rows: scratch A/B in
+    one process, AMX Xeon, one thread; bench/pi0_fast.py measures the chunk)."""
     from omni_ros.policy.linear_swap import swap_linears
 
-    return swap_linears(model, lambda _name, linear: PackedLinear(linear))
+    dense = tuple(f"{prefix}." for prefix in getattr(model, "row_vector_modules", ()))
+    return swap_linears(model, lambda _name, linear: PackedLinear(linear), keep=lambda name: name.startswith(dense))
 
 
 def weight_count(model: nn.Module) -> int:

@@ -13,15 +13,18 @@ def float_cpu_linear(m: nn.Module) -> bool:
     return type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
 
 
-def swap_linears(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module]) -> int:
+def swap_linears(
+    model: nn.Module, make: Callable[[str, nn.Linear], nn.Module], keep: Callable[[str], bool] | None = None
+) -> int:
     """Replace every float32 CPU `nn.Linear` of `model` by `make(name, linear)`, in place; returns how many.
+    Linears whose name `keep` accepts stay as they are.
 
     One layer at a time, each dense weight let go before the next is made: holding them all to the end would
     hold every dense weight beside its replacement (measured on the 3.2 B pi0: 1.87x the model).
     """
     from omni_ros.policy.layouts.weights import release_mapped_pages
 
-    names = [name for name, m in model.named_modules() if float_cpu_linear(m)]
+    names = [name for name, m in model.named_modules() if float_cpu_linear(m) and not (keep and keep(name))]
     for name in names:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

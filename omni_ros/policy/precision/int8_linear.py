@@ -21,6 +21,15 @@ Two kernels run the product, chosen per CPU (omni_ros/policy/precision/choice.py
   CPU and cached (omni_ros/policy/precision/xnnpack_linears.py); where a call has more rows than the program
   was planned for, the rows go through it in slices.
 
+A product of at most `VECTOR_ROWS` rows (a decoding step: pi0-FAST feeds one token at a time) is a matrix-vector
+product whose time is reading the weight, and there quantizing the activations and entering the int8 GEMM cost
+more than they save: oneDNN's int8 decode step ran 2x slower than float32's. Those rows take the int8 weight
+with bfloat16 activations instead (`torch._weight_int8pack_mm`: int8 read, float32 sums), whatever the kernel,
+so every CPU computes the same numbers: the edge pi0-FAST's decode step in 0.55x the packed float32 time, with
+the same tokens (scratch A/B in one process, AMX Xeon, one thread; bench/pi0_fast.py measures the chunk). The
+kernel needs the input width to be a multiple of 16 (measured: other widths give wrong sums or crash), so other
+layers keep the GEMM path.
+
 Under autograd (guided real-time chunking differentiates through a denoising step) the layer is the float
 product of the input with the dequantized weight: integer GEMMs have no gradient, and the guidance only needs
 the direction.
@@ -38,6 +47,10 @@ from omni_ros.policy.precision.shared_input import SharedInput
 
 # A row (or weight channel) of zeros quantizes with this scale instead of 0/0.
 _TINY = 1e-12
+# Products of at most this many rows read the int8 weight with bfloat16 activations (the module docstring says why).
+VECTOR_ROWS = 4
+# torch._weight_int8pack_mm's input width must be a multiple of this (others: wrong sums, or a crash).
+_VECTOR_K_MULTIPLE = 16
 
 
 def qlinear_available() -> bool:
@@ -71,8 +84,10 @@ class Int8Linear(nn.Module):
         self.shared = shared  # the quantized input, shared with the model's other int8 linears
         self.in_features, self.out_features = linear.in_features, linear.out_features
         qweight, self.weight_scale = quantize_weight(linear.weight)
-        # (in, out) contiguous: the layout `_int_mm` reads without a copy.
-        self.qweight_t = qweight.t().contiguous()
+        # (out, in) contiguous: the layout of the few-rows kernel; `_int_mm` reads its transpose.
+        self.qweight = qweight.contiguous()
+        self.vector = linear.in_features % _VECTOR_K_MULTIPLE == 0 and hasattr(torch, "_weight_int8pack_mm")
+        self.vector_scale = torch.ones(self.out_features, dtype=torch.bfloat16)  # the kernel's own scales: 1
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         # Set by the XNNPACK builder: an ExecuTorch method computing this layer, and the rows it was planned for.
         self.program: Any = None
@@ -100,21 +115,29 @@ class Int8Linear(nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The int8 weight (out, in); its `.device` is the layer's."""
-        return self.qweight_t.t()
+        return self.qweight
 
     def dequantized_weight(self) -> torch.Tensor:
-        return self.qweight_t.t().float() * self.weight_scale[:, None]
+        return self.qweight.float() * self.weight_scale[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             return F.linear(x, self.dequantized_weight().to(x.dtype), None if self.bias is None else self.bias)
         lead = x.shape[:-1]
-        if self.program is not None:
+        if self.vector and x.numel() <= VECTOR_ROWS * self.in_features:
+            out = self._vector(x.reshape(-1, self.in_features))
+        elif self.program is not None:
             out = self._xnnpack(x.reshape(-1, self.in_features).float())
         else:
             q, scale = self._quantized(x)
             out = self.emulated(q.float().mul_(scale)) if self.emulated is not None else self._onednn(q, scale)
         return out.reshape(*lead, self.out_features).to(x.dtype)
+
+    def _vector(self, rows: torch.Tensor) -> torch.Tensor:
+        # Channel scales applied in float32 after the product (bf16 scales would add a 0.4% error per channel).
+        out = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.qweight, self.vector_scale).float()
+        out.mul_(self.weight_scale)
+        return out if self.bias is None else out.add_(self.bias)
 
     def _quantized(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         def convert(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +155,7 @@ class Int8Linear(nn.Module):
             # In place: a fresh output-sized tensor costs more than the pass (page faults on this size).
             out.mul_(scale)
             return out if self.bias is None else out.add_(self.bias)
-        acc = torch._int_mm(q, self.qweight_t)
+        acc = torch._int_mm(q, self.qweight.t())
         # Two passes over the output: int32 x row scale -> float32, then x channel scale (+ bias).
         out = torch.mul(acc, scale)
         if self.bias is None:
@@ -150,5 +173,5 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"kernel={self.kernel}"
+            f"kernel={self.kernel}" + (f", <= {VECTOR_ROWS} rows: int8 weight x bf16" if self.vector else "")
         )
