@@ -27,9 +27,9 @@ def builds(monkeypatch):
     calls = []
     real = xnnpack_linears._write_program
 
-    def counted(linears, folder):
+    def counted(linears, folder, grouping):
         calls.append(folder)
-        return real(linears, folder)
+        return real(linears, folder, grouping)
 
     monkeypatch.setattr(xnnpack_linears, "_write_program", counted)
     monkeypatch.setattr(cpu_features, "detect", lambda: VNNI)
@@ -96,7 +96,7 @@ def test_a_corrupt_program_is_rebuilt_with_a_warning(tmp_path, builds, caplog):
 def test_a_build_cut_short_leaves_no_entry(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_features, "detect", lambda: VNNI)
 
-    def broken(linears, folder):
+    def broken(linears, folder, grouping):
         (folder / "linears.pte").write_bytes(b"half a program")
         raise KeyboardInterrupt
 
@@ -137,3 +137,42 @@ def test_emulated_int8_is_the_int8_product():
     torch.testing.assert_close(emulated, integer, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(integer_mm, integer, rtol=1e-5, atol=1e-5)
     assert 1e-4 < _rel(integer.numpy(), linear(x).detach().numpy()) < INT8_REL_L2  # int8, not float32 again
+
+
+class _Attention(torch.nn.Module):
+    """q / k / v read one tensor (declared, as the families' layers declare it), o reads another."""
+
+    shared_input_linears = (("q", "k", "v"),)
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.q, self.k, self.v = torch.nn.Linear(64, 32), torch.nn.Linear(64, 16, bias=False), torch.nn.Linear(64, 16)
+        self.o = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o(torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1))
+
+
+class _Undeclared(_Attention):
+    shared_input_linears = ()
+
+
+def test_linears_reading_one_input_are_one_method_with_their_own_numbers(tmp_path, builds):
+    """q / k / v become one XNNPACK method (one lowering, one call per input); each member's output is what its
+    own method gives (per channel weights, per token activations: the same numbers, to float32 rounding), also
+    when a member is called with another tensor than the one the group last saw."""
+    x, y = torch.randn(200, 64), torch.randn(5, 64)  # 200: more rows than a method takes at once
+    choice = PrecisionChoice("int8", "test", kernel="xnnpack")
+    with torch.no_grad():
+        grouped, alone = _Attention(), _Undeclared()
+        reference = grouped(x)
+        applied = [apply_precision(m, choice, cache_dir=tmp_path, label=type(m).__name__) for m in (grouped, alone)]
+        folders = [a.cache for a in applied]
+        methods = [json.loads((f / "manifest.json").read_text())["methods"] for f in folders]
+        assert sorted(map(sorted, methods[0].values())) == [["k", "q", "v"], ["o"]] and len(methods[1]) == 4
+        assert len(builds) == 2
+        torch.testing.assert_close(grouped(x), alone(x), rtol=1e-5, atol=1e-5)
+        assert _rel(grouped(x).numpy(), reference.numpy()) < INT8_REL_L2
+        grouped.q(x)  # the group now holds x's output; k asked about y must not answer with it
+        torch.testing.assert_close(grouped.k(y), alone.k(y), rtol=1e-5, atol=1e-5)

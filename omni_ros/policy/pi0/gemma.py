@@ -55,6 +55,7 @@ class AdaRMSNorm(nn.Module):
 
 class GatedMLP(nn.Module):
     export_form = False
+    shared_input_linears = (("gate_proj", "up_proj"),)  # linears that read the same tensor (precision kernels)
     mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
 
     def __init__(self, width: int, hidden: int, approximate: str = "none") -> None:
@@ -73,6 +74,9 @@ class GatedMLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Pre-norm attention + gated MLP, split so callers can mix in cached keys/values."""
+
+    # Linears that read the same tensor (a precision's kernels may run them as one product).
+    shared_input_linears: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"),)
 
     def __init__(self, cfg: TransformerConfig, eps: float, approximate: str = "none") -> None:
         super().__init__()

@@ -125,11 +125,14 @@ def apply_precision(
     if kept:
         from omni_ros.cpu_features import detect
         from omni_ros.policy.precision.kernel_cache import cache_root
-        from omni_ros.policy.precision.xnnpack_linears import attach_xnnpack
+        from omni_ros.policy.precision.xnnpack_linears import attach_xnnpack, groups
 
         root = cache_root(str(cache_dir) if cache_dir else None)
         threads = num_threads or torch.get_num_threads()
-        folder = attach_xnnpack(kept, cache_root=root, label=label, cpu=detect(), num_threads=threads)
+        grouping = groups(model, list(kept), {name: linear.in_features for name, (linear, _) in kept.items()})
+        folder = attach_xnnpack(
+            kept, grouping=grouping, cache_root=root, label=label, cpu=detect(), num_threads=threads
+        )
     return AppliedPrecision(choice, count, folder, attention=_attention(model))
 
 

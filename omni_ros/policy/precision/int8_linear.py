@@ -89,11 +89,8 @@ class Int8Linear(nn.Module):
         self.vector = linear.in_features % _VECTOR_K_MULTIPLE == 0 and hasattr(torch, "_weight_int8pack_mm")
         self.vector_scale = torch.ones(self.out_features, dtype=torch.bfloat16)  # the kernel's own scales: 1
         self.bias = None if linear.bias is None else linear.bias.detach().float()
-        # Set by the XNNPACK builder: an ExecuTorch method computing this layer, and the rows it was planned for.
-        self.program: Any = None
-        self.program_rows = 0
-        self.program_owner: Any = None  # the ExecuTorch program the method belongs to (kept alive with it)
-        self.program_lock: Any = None  # an ExecuTorch method is not reentrant
+        # Set by the XNNPACK builder: input tensor -> this layer's output rows (M, out), from an ExecuTorch method.
+        self.xnnpack: Any = None
         self.kernel = "onednn"
         self.packed: Any = None  # oneDNN's reordered int8 weight (native int8 CPUs)
         self.emulated: nn.Module | None = None
@@ -126,8 +123,8 @@ class Int8Linear(nn.Module):
         lead = x.shape[:-1]
         if self.vector and x.numel() <= VECTOR_ROWS * self.in_features:
             out = self._vector(x.reshape(-1, self.in_features))
-        elif self.program is not None:
-            out = self._xnnpack(x.reshape(-1, self.in_features).float())
+        elif self.xnnpack is not None:
+            out = self.xnnpack(x)
         else:
             q, scale = self._quantized(x)
             out = self.emulated(q.float().mul_(scale)) if self.emulated is not None else self._onednn(q, scale)
@@ -161,14 +158,6 @@ class Int8Linear(nn.Module):
         if self.bias is None:
             return out.mul_(self.weight_scale)
         return torch.addcmul(self.bias, out, self.weight_scale)
-
-    def _xnnpack(self, rows: torch.Tensor) -> torch.Tensor:
-        step = self.program_rows
-        with self.program_lock:
-            if rows.shape[0] <= step:
-                return self.program.execute([rows.contiguous()])[0]
-            parts = [self.program.execute([rows[i : i + step].contiguous()])[0] for i in range(0, len(rows), step)]
-        return torch.cat(parts)
 
     def extra_repr(self) -> str:
         return (

@@ -6,6 +6,13 @@ weights per output channel, int8 activations per token, the same recipe `omni-ro
 int8-dynamic` uses), so nobody has to run `omni-ros export` to get the speed. The methods live in one `.pte`
 built on the first load for this checkpoint and CPU and cached (kernel_cache.py); later loads only read it.
 
+Linears that read the same tensor (q / k / v, gate / up: the modules declare them in `shared_input_linears`)
+are one method over their stacked weights: one lowering instead of three (about 3 s each on a Xeon, whatever the
+linear's size: the build is per method), one activation quantization and one call per input instead of one per
+projection. Per output channel weights and per token activations make the stacked product the members' own
+numbers. Each member slices its columns from the group's output, which is kept for the very input tensor that
+produced it (as SharedInput does), so a member called with another tensor runs the method again: never wrong.
+
 Each method takes up to `ROWS` rows (its memory is planned for that bound: a method per linear, each planned
 for a vision tower's 1024 rows, would hold gigabytes); longer inputs go through it in slices.
 """
@@ -39,6 +46,79 @@ class _One(nn.Module):
         return self.linear(x)
 
 
+def stacked(linears: list[nn.Linear]) -> nn.Linear:
+    """One linear whose output is the members' outputs side by side (float32 copies of their weights)."""
+    if len(linears) == 1:
+        return linears[0]
+    bias = any(lin.bias is not None for lin in linears)
+    out = nn.Linear(linears[0].in_features, sum(lin.out_features for lin in linears), bias=bias)
+    with torch.no_grad():
+        out.weight.copy_(torch.cat([lin.weight.detach().float() for lin in linears]))
+        if bias:
+            out.bias.copy_(torch.cat([
+                lin.bias.detach().float() if lin.bias is not None else torch.zeros(lin.out_features)
+                for lin in linears
+            ]))  # fmt: skip
+    return out
+
+
+def groups(model: nn.Module, names: list[str], widths: dict[str, int]) -> list[list[str]]:
+    """`names` (linears of `model`) partitioned into the groups that read one input: the siblings a module lists
+    together in its `shared_input_linears` (with the same input width), every other linear alone, in order."""
+    wanted, grouped = set(names), {}
+    for parent_name, module in model.named_modules():
+        for members in getattr(module, "shared_input_linears", ()):
+            full = [f"{parent_name}.{m}" if parent_name else m for m in members]
+            present = [n for n in full if n in wanted]
+            if len(present) > 1 and len({widths[n] for n in present}) == 1:
+                for n in present:
+                    grouped[n] = present
+    out, seen = [], set()
+    for name in names:
+        group = grouped.get(name, [name])
+        if group[0] not in seen:
+            seen.add(group[0])
+            out.append(group)
+    return out
+
+
+class XnnpackSlice:
+    """One member's columns of a group method's output."""
+
+    def __init__(self, group: XnnpackGroup, start: int, stop: int) -> None:
+        self.group, self.start, self.stop = group, start, stop
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output(x)[:, self.start : self.stop]
+
+
+class XnnpackGroup:
+    """An ExecuTorch method computing the stacked linears of one group, for up to `rows` rows a call.
+
+    The last output of a model's groups is kept (one per thread for the whole model, in `recent`: a group's
+    members are called one after another, and one slot per group would hold an activation per group), for the
+    input tensor that produced it: the tensor itself, unmodified (its `_version` where it has one)."""
+
+    def __init__(self, method: Any, owner: Any, lock: threading.Lock, rows: int, recent: threading.local) -> None:
+        self.method, self.owner, self.lock, self.rows, self.recent = method, owner, lock, rows, recent
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        last = getattr(self.recent, "last", None)
+        version = -1 if x.is_inference() else x._version
+        if last is not None and last[0] is self and last[1] is x and last[2] == version:
+            return last[3]
+        rows = x.reshape(-1, x.shape[-1]).float()
+        with self.lock:  # an ExecuTorch method is not reentrant
+            if rows.shape[0] <= self.rows:
+                out = self.method.execute([rows.contiguous()])[0]
+            else:
+                step = self.rows
+                out = torch.cat([self.method.execute([rows[i : i + step].contiguous()])[0]
+                                 for i in range(0, len(rows), step)])  # fmt: skip
+        self.recent.last = (self, x, version, out)
+        return out
+
+
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -51,8 +131,8 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _write_program(linears: dict[str, nn.Linear], folder: Path) -> dict[str, Any]:
-    """Quantize, export and lower every linear as method `linear_<i>` of one program in `folder`."""
+def _write_program(linears: dict[str, nn.Linear], folder: Path, grouping: list[list[str]]) -> dict[str, Any]:
+    """Quantize, export and lower every group of linears as method `linear_<i>` of one program in `folder`."""
     import copy
 
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -64,19 +144,20 @@ def _write_program(linears: dict[str, nn.Linear], folder: Path) -> dict[str, Any
     start = time.perf_counter()
     programs = {}
     rows = torch.export.Dim("rows", min=1, max=ROWS)
-    for i, linear in enumerate(linears.values()):
-        one = quantize_model(_One(copy.deepcopy(linear).float()).eval(), "int8-dynamic")
+    for i, members in enumerate(grouping):
+        linear = stacked([copy.deepcopy(linears[name]).float() for name in members])
+        one = quantize_model(_One(linear).eval(), "int8-dynamic")
         example = (torch.randn(min(8, ROWS), linear.in_features),)
         with torch.no_grad():
             programs[f"linear_{i}"] = torch.export.export(one, example, dynamic_shapes=({0: rows},))
         if (i + 1) % 50 == 0:
-            logger.info("int8 xnnpack kernels: traced %d / %d linears", i + 1, len(linears))
+            logger.info("int8 xnnpack kernels: traced %d / %d methods", i + 1, len(grouping))
     logger.info("int8 xnnpack kernels: lowering %d methods to XNNPACK (once per checkpoint and CPU)", len(programs))
     with cia_ops_collected_once():
         edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
     (folder / PROGRAM).write_bytes(edge.to_executorch().buffer)
     return {
-        "methods": {f"linear_{i}": name for i, name in enumerate(linears)},
+        "methods": {f"linear_{i}": members for i, members in enumerate(grouping)},
         "rows": ROWS,
         "versions": _versions(),
         "build_seconds": round(time.perf_counter() - start, 1),
@@ -86,6 +167,7 @@ def _write_program(linears: dict[str, nn.Linear], folder: Path) -> dict[str, Any
 def attach_xnnpack(
     layers: dict[str, tuple[nn.Linear, Int8Linear]],
     *,
+    grouping: list[list[str]] | None = None,
     cache_root: Path,
     label: str,
     cpu: CpuFeatures,
@@ -93,28 +175,36 @@ def attach_xnnpack(
 ) -> Path:
     """Give every `Int8Linear` its XNNPACK method (built and cached on first use); returns the cache folder.
 
-    `layers`: module name -> (the float linear it came from, its int8 replacement).
+    `layers`: module name -> (the float linear it came from, its int8 replacement); `grouping`: the names in
+    groups that read one input (groups(); default: each alone).
     """
     from executorch.runtime import Runtime
 
     linears = {name: float_linear for name, (float_linear, _) in layers.items()}
+    grouping = grouping or [[name] for name in linears]
     tensors = ((f"{n}.{p}", t) for n, m in linears.items() for p, t in m.named_parameters())
-    weights = tensors_hash(tensors, {"rows": ROWS, "recipe": "int8-dynamic", "versions": _versions()})
+    meta = {"rows": ROWS, "recipe": "int8-dynamic", "versions": _versions(), "groups": grouping}
+    weights = tensors_hash(tensors, meta)
     entry = CacheEntry(cache_root, label, weights, cpu)
     manifest = entry.load()
     if manifest is None:
-        logger.info("int8 xnnpack kernels: building %s (%d linears)", entry.folder, len(linears))
-        manifest = entry.build(lambda tmp: _write_program(linears, tmp))
+        logger.info(
+            "int8 xnnpack kernels: building %s (%d linears in %d methods)", entry.folder, len(linears), len(grouping)
+        )
+        manifest = entry.build(lambda tmp: _write_program(linears, tmp, grouping))
         logger.info("int8 xnnpack kernels: built in %.0f s", manifest["build_seconds"])
     if num_threads > 0:
         from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
         _unsafe_reset_threadpool(num_threads)
     program = Runtime.get().load_program(entry.folder / PROGRAM)
-    by_name = {name: method for method, name in manifest["methods"].items()}
-    lock = threading.Lock()
-    for name, (_, layer) in layers.items():
-        layer.program = program.load_method(by_name[name])
-        layer.program_rows, layer.program_owner, layer.program_lock = int(manifest["rows"]), program, lock
-        layer.kernel = "xnnpack"
+    lock, recent = threading.Lock(), threading.local()
+    for method, members in manifest["methods"].items():
+        group = XnnpackGroup(program.load_method(method), program, lock, int(manifest["rows"]), recent)
+        start = 0
+        for name in members:
+            layer = layers[name][1]
+            layer.xnnpack = XnnpackSlice(group, start, start + layer.out_features)
+            layer.kernel = "xnnpack"
+            start += layer.out_features
     return entry.folder

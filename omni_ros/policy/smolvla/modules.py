@@ -41,6 +41,7 @@ class LlamaRMSNorm(nn.Module):
 class SiluMLP(nn.Module):
     mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
     activation = "silu"
+    shared_input_linears = (("gate_proj", "up_proj"),)  # linears that read the same tensor (precision kernels)
 
     def __init__(self, width: int, hidden: int) -> None:
         super().__init__()
@@ -68,6 +69,8 @@ class LlamaLayer(DecoderLayer):
         self.k_proj = nn.Linear(kv_width or width, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(kv_width or width, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, width, bias=False)
+        if kv_width:  # cross-attending: q reads the layer's hidden states, k / v the VLM's keys and values
+            self.shared_input_linears = (("k_proj", "v_proj"),)
         self.input_norm = LlamaRMSNorm(width, eps)
         self.post_attn_norm = LlamaRMSNorm(width, eps)
         self.mlp = SiluMLP(width, mlp_dim)
