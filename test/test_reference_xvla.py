@@ -267,6 +267,14 @@ def test_rtc_inpainting_freezes_the_prefix_in_robot_units(fixture, name):
     assert np.abs(out[3:] - plain[3:]).max() > 1e-6  # the rest of the chunk saw the frozen prefix
 
 
+def test_rtc_blending_is_accepted_at_configure():
+    from omni_ros.control.config import ControlConfig, RtcConfig
+    from omni_ros.control.executor import check_rtc_support
+
+    for method in ("guided", "inpaint"):
+        check_rtc_support(ControlConfig(blending="rtc", rtc=RtcConfig(method=method)), policy("xvla_1cam"))
+
+
 def test_rtc_guided_under_inference_mode_is_refused():
     import torch
 
@@ -329,15 +337,33 @@ JOINTS = [f"joint_{i}" for i in range(1, 21)]
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_the_policy_node_runs_an_xvla_checkpoint_over_dds():
+def test_the_policy_node_runs_an_xvla_checkpoint_over_dds(monkeypatch):
     from helpers.checkpoint_runs import one_camera_node
     from helpers.policy_harness import Harness
+    from omni_ros.policy.xvla.runner import XVLATorchRunner
 
+    # `control.blending: rtc` (guided, the default method): accepted at configure, and every chunk after the
+    # first continues the one executing (the runner is handed its plan).
+    plans: list = []
+    sample = XVLATorchRunner.sample
+
+    def spy(self, inputs, noise, num_steps, rtc=None):
+        plans.append(rtc)
+        return sample(self, inputs, noise, num_steps, rtc)
+
+    monkeypatch.setattr(XVLATorchRunner, "sample", spy)
     # domain 2: the YAML's embodiment, not the checkpoint's saved 1
-    harness = Harness(configure=one_camera_node(ARM, JOINTS, domain_id=2)).start(prompt="open the drawer")
+    node = one_camera_node(ARM, JOINTS, domain_id=2)
+
+    def configure(cfg) -> None:
+        node(cfg)
+        cfg.control.blending = "rtc"
+
+    harness = Harness(configure=configure).start(prompt="open the drawer")
     try:
         harness.wait_state("running", timeout=30)
         assert harness.wait_for(lambda: len(harness.chunks) >= 2, timeout=30)
+        assert plans[0] is None and any(p is not None and p.request.method == "guided" for p in plans[1:])
         chunk = harness.chunks[-1]
         assert list(chunk.joint_names) == JOINTS and chunk.action_dim == 20 and chunk.horizon >= 1
         actions = np.asarray(chunk.actions).reshape(chunk.horizon, chunk.action_dim)
