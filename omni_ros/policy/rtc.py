@@ -18,6 +18,11 @@ is pulled back through the model's velocity (a vector-Jacobian product, torch.au
 g = [(Y - x0) * W]^T dx0/dx_t, and the step uses u - w(t) g with w(t) = min(beta, c(t)), the paper's
 guidance weight. It needs autograd, so it cannot run under `torch.inference_mode`.
 
+A sampler whose network predicts the clean action (X-VLA: x_t = t * noise + (1 - t) * x0_hat of the previous
+step, x0_hat = f(x_t, t)) is guided in the same terms: its estimate implies the velocity u = (x_t - x0_hat) / t,
+and the guided u - w(t) g gives back the clean estimate x_t - t (u - w g) = x0_hat + t w(t) g, with the same g
+(`guided_clean`). The sampler then re-noises that guided estimate as it re-noises its own.
+
 Hard prefix inpainting (no gradient): the first d actions are frozen to Y. For a model trained with
 training-time RTC (arXiv 2512.05964) the prefix is clean with per-token time 0, exactly what it was trained
 on; for any other model the prefix follows Y's own noising path t * noise + (1 - t) * Y at every step, so
@@ -99,6 +104,14 @@ def _broadcast_weights(weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return w[..., None]
 
 
+def _refuse_inference_mode() -> None:
+    if torch.is_inference_mode_enabled():
+        raise RtcError(
+            "guided RTC needs autograd (a vector-Jacobian product through the denoise step) and cannot run under "
+            "torch.inference_mode(); compute the prefix under torch.no_grad() instead, or use method 'inpaint'"
+        )
+
+
 def guided_velocity(
     velocity: VelocityFn,
     x_t: torch.Tensor,
@@ -112,11 +125,7 @@ def guided_velocity(
     `velocity` must be differentiable in x_t (its other inputs, e.g. a prefix KV cache, may be constants);
     `target` Y (B, H, D) and `weights` W (H,) or (B, H) are in the model's normalized action space.
     """
-    if torch.is_inference_mode_enabled():
-        raise RtcError(
-            "guided RTC needs autograd (a vector-Jacobian product through the denoise step) and cannot run under "
-            "torch.inference_mode(); compute the prefix under torch.no_grad() instead, or use method 'inpaint'"
-        )
+    _refuse_inference_mode()
     w = guidance_weight(t.reshape(t.shape[0], -1)[:, 0], max_weight).to(x_t.device, x_t.dtype)
     if max_weight == 0 or not bool(torch.any(weights != 0)):
         # No guidance: exactly the plain step, and no backward pass to pay for.
@@ -129,6 +138,62 @@ def guided_velocity(
         error = (target.to(x.dtype) - x0) * _broadcast_weights(weights, x)
         (g,) = torch.autograd.grad(x0, x, error)
     return (u - w[:, None, None] * g).detach()
+
+
+# (x_t (B, H, D), t (B,)) -> the network's clean estimate x0_hat (B, H, D): the network of a sampler that
+# predicts the clean action rather than a velocity (X-VLA).
+CleanFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def guided_clean(
+    clean: CleanFn,
+    x_t: torch.Tensor,
+    t: torch.Tensor,
+    target: torch.Tensor,
+    weights: torch.Tensor,
+    max_weight: float,
+    target_high: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The guided clean estimate of one step of an x0-predicting sampler: x0_hat + t w(t) g,
+    g = [(Y - x0_hat) * W]^T dx0_hat/dx_t (see the module docstring: `guided_velocity`'s step, in x0 terms).
+
+    `target_high`: Y is the interval [target, target_high] per entry, the error is x0_hat's distance to it (0
+    inside): a bound of -inf / +inf makes the pull one-sided, both infinite no pull (a channel the old plan says
+    nothing about, or a logit whose sigmoid the plan has saturated). Without it, Y = target.
+    """
+    _refuse_inference_mode()
+    if max_weight == 0 or not bool(torch.any(weights != 0)):
+        with torch.no_grad():
+            return clean(x_t, t)
+    w = guidance_weight(t.reshape(t.shape[0], -1)[:, 0], max_weight).to(x_t.device, x_t.dtype)
+    with torch.enable_grad():
+        x = x_t.detach().requires_grad_(True)
+        x0 = clean(x, t)
+        low = target.to(x0.dtype)
+        y = low if target_high is None else torch.maximum(torch.minimum(x0.detach(), target_high.to(x0.dtype)), low)
+        error = (y - x0) * _broadcast_weights(weights, x0)
+        (g,) = torch.autograd.grad(x0, x, error)
+    return (x0 + (t.reshape(t.shape[0], 1, 1).to(x0.dtype) * w[:, None, None].to(x0.dtype)) * g).detach()
+
+
+def inpainted_clean(
+    x0: torch.Tensor, delay: int, target: torch.Tensor, target_high: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Hard inpainting in an x0-predicting sampler: the first `delay` clean estimates replaced by the target
+    (the estimate projected onto [target, target_high] where that is given, see `guided_clean`). Re-noised by
+    the sampler, the prefix follows Y's own noising path t * noise + (1 - t) * Y, as `inpaint_sample`'s does."""
+    y = target.to(x0.dtype)
+    if target_high is not None:
+        y = torch.maximum(torch.minimum(x0, target_high.to(x0.dtype)), y)
+    prefix = torch.arange(x0.shape[1], device=x0.device)[None, :, None] < delay
+    return torch.where(prefix, y, x0)
+
+
+def guidance_mask(request: RtcRequest, horizon: int, num_steps: int) -> tuple[torch.Tensor, float]:
+    """The soft mask W (horizon,) and beta a guided request asks for (beta None: the number of steps)."""
+    start, end = request.mask_range(horizon)
+    beta = request.max_guidance_weight
+    return prefix_weights(start, end, horizon, request.schedule), float(num_steps) if beta is None else beta
 
 
 def _times(batch: int, step: int, num_steps: int, like: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -209,12 +274,10 @@ def rtc_sample(
     guided_step: GuidedStepFn | None = None,
 ) -> torch.Tensor:
     """Sample one chunk continuing `target` (B, H, D, normalized, zero-padded) as `request` asks."""
-    start, end = request.mask_range(noise.shape[1])
+    start, _ = request.mask_range(noise.shape[1])
     if request.method == "inpaint":
         return inpaint_sample(velocity, noise, num_steps, target, start, clean_prefix=clean_prefix)
-    weights = prefix_weights(start, end, noise.shape[1], request.schedule)
-    beta = request.max_guidance_weight
-    beta = float(num_steps) if beta is None else beta
+    weights, beta = guidance_mask(request, noise.shape[1], num_steps)
     return guided_sample(velocity, noise, num_steps, target, weights, beta, guided_step)
 
 

@@ -6,11 +6,16 @@ network never sees them) and passed through a sigmoid at the end, and the real w
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from omni_ros.errors import OmniRosError
+
+# A sigmoid gripper within this of 0 or 1 is saturated (logit beyond -/+9.2): real-time chunking's target
+# for its logit is one-sided there (ActionSpace.clean_target).
+GRIPPER_EPS = 1e-4
 
 
 class ActionSpaceError(OmniRosError, ValueError):
@@ -50,6 +55,26 @@ class ActionSpace:
             action = action.clone()
             action[..., idx] = torch.sigmoid(action[..., idx])
         return action[..., : self.real_dim] if self.real_dim is not None else action
+
+    def clean_target(self, plan: torch.Tensor, known: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """An old plan after `postprocess` (..., dim_action; its first `known` channels given) -> the interval
+        [low, high] of the network's clean estimates that reproduce it, for real-time chunking's target.
+
+        A channel past `known` (cut off by the real width: trained on nothing, e.g. franka_joint7's 13 padded
+        ones) is free: (-inf, inf). A sigmoid gripper's target is the logit of the plan; where the plan is
+        within GRIPPER_EPS of 0 or 1 the sigmoid is saturated and every larger logit gives the same action, so
+        the bound on that side is open (one-sided: only an estimate on the wrong side is pulled back).
+        """
+        known = min(known, self.dim_action if self.real_dim is None else self.real_dim)
+        low, high = plan.clone(), plan.clone()
+        low[..., known:], high[..., known:] = -math.inf, math.inf
+        if self.sigmoid_grippers:
+            idx = [i for i in self.gripper_idx if i < known]
+            y = plan[..., idx]
+            logit = torch.logit(y.clamp(GRIPPER_EPS, 1.0 - GRIPPER_EPS))
+            low[..., idx] = torch.where(y <= GRIPPER_EPS, -math.inf, logit)
+            high[..., idx] = torch.where(y >= 1.0 - GRIPPER_EPS, math.inf, logit)
+        return low, high
 
 
 def build_action_space(name: str, action_dim: int, max_action_dim: int) -> ActionSpace:

@@ -14,6 +14,7 @@ Florence-2 tree (`vlm.vision_tower...`, `vlm.language_model.encoder...`, `transf
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -24,6 +25,10 @@ from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.layers import AttentionKernel, activate, sdpa
 from omni_ros.policy.xvla.action_space import build_action_space
 from omni_ros.policy.xvla.configuration import BartConfig, DaViTConfig, HeadConfig, XVLAConfig
+
+# (clean, x_t, t) -> the step's clean estimate, `clean(x_t, t)` being the network's (see XVLAModel.denoise).
+CleanStep = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+EstimateHook = Callable[[CleanStep, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -389,16 +394,29 @@ class XVLAModel(nn.Module):
         return F.pad(state, (0, width - state.shape[-1])) if state.shape[-1] < width else state[..., :width]
 
     def denoise(
-        self, context: torch.Tensor, domain: torch.Tensor, proprio: torch.Tensor, noise: torch.Tensor, num_steps: int
+        self,
+        context: torch.Tensor,
+        domain: torch.Tensor,
+        proprio: torch.Tensor,
+        noise: torch.Tensor,
+        num_steps: int,
+        estimate: EstimateHook | None = None,
     ) -> torch.Tensor:
-        """The chunk from noise (B, H, model_dim_action): each step re-noises the previous clean estimate."""
+        """The chunk from noise (B, H, model_dim_action): each step re-noises the previous clean estimate.
+
+        `estimate(clean, x_t, t)`, if given, makes each step's clean estimate from the network `clean(x_t, t)`
+        (real-time chunking: guided or inpainted, omni_ros.policy.rtc); the re-noising stays as it is."""
+
+        def clean(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            p, x = self.action_space.preprocess(proprio, x_t)
+            return self.transformer(context, domain, x, p, t)
+
         action = torch.zeros_like(noise)
         steps = max(1, int(num_steps))
         for i in range(steps, 0, -1):
             t = torch.full((noise.shape[0],), i / steps, device=noise.device, dtype=noise.dtype)
             x_t = noise * t[:, None, None] + action * (1 - t)[:, None, None]
-            p, x = self.action_space.preprocess(proprio, x_t)
-            action = self.transformer(context, domain, x, p, t)
+            action = clean(x_t, t) if estimate is None else estimate(clean, x_t, t)
         return self.action_space.postprocess(action)
 
     def sample(self, inputs: ModelInputs, noise: torch.Tensor, domain: torch.Tensor, num_steps: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ prompt   the BART tokenizer as it is (`<s> ... </s>`), truncated to 64 keeping t
          `<pad>` to 64: the pads are attended, so they are part of the input
 domain   `domain_id` of the observation, else the policy's (YAML `policy.domain_id`, else the checkpoint's)
 actions  the action space's output (sigmoid grippers, real width), the first action_dim, un-normalized
+rtc      an old plan normalized back (`rtc_target`); the runner maps it through the action space's inverse
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from omni_ros.observation import Observation, ObservationError, make_observation
 from omni_ros.policy.family_base import ChunkProcessor
 from omni_ros.policy.inputs import ModelInputs, stack_inputs
 from omni_ros.policy.normalize import NormStats
-from omni_ros.policy.rtc import RtcRequest
+from omni_ros.policy.rtc import RtcRequest, normalized_plan
 from omni_ros.policy.tokenizer import Tokenizer
 from omni_ros.policy.xvla.configuration import XVLAConfig
 
@@ -132,4 +133,10 @@ class XVLAProcessor(ChunkProcessor[XVLAConfig]):
         return self.norm_stats.unnormalize_actions(normalized[:, : self.cfg.action_dim])
 
     def rtc_target(self, request: RtcRequest, observation: Observation) -> np.ndarray:
-        raise NotImplementedError("X-VLA's sampler predicts the clean action; omni_ros serves no RTC for it")
+        """The old plan of a real-time-chunking request in model units (H, model_dim_action): `actions` inverted
+        up to the action space's output (sigmoid grippers, real width), which the runner inverts
+        (ActionSpace.clean_target: the estimate lives before the action space's postprocess)."""
+        cfg = self.cfg
+        return normalized_plan(
+            request, cfg.action_horizon, cfg.action_dim, cfg.model_dim_action, self.norm_stats.normalize_actions
+        )
