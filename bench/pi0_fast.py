@@ -16,7 +16,9 @@ Exported rows: the checkpoint is exported once per run into the work dir (`omni-
 `.pte`, an ONNX folder; `--export-precisions int8` adds an int8-dynamic `.pte`), and each is timed the same way,
 tokens only: parse + inputs + the runner's own prefill + greedy `decode_step` loop (`runner.generate`, the
 `token_generator` its `sample` detokenizes), with the runtime's threads set to the row's thread count. Every row
-says whether its tokens are LeRobot's and eager fp32's (a quantized row may differ: it computes other logits).
+says whether its tokens are LeRobot's and eager fp32's (a quantized row may differ: it computes other logits). At
+these random weights that is a plumbing check (an 8-step run emitted id 2, the BOS, at every step in every row):
+test/test_export_pi0fast.py checks exported tokens where they vary.
 
 Rows: chunk time, time to first token, tokens/s (decode phase) and the ratio to LeRobot. Targets: eager fp32 <=
 0.8x LeRobot's chunk time; the fastest int8 row (eager or `.pte`) <= 0.4x, judged on a CPU with an int8 dot
