@@ -1,9 +1,10 @@
 """pi0-FAST exported: prefill + one static-KV decode step per program, the greedy loop and the FAST detokenizer in
 the runner, on the LeRobot 0.6.1 fixture pi0fast_1cam (test_reference_pi0fast.py checks eager against LeRobot).
 
-Tolerances: the exported decode must emit eager's very tokens at every step of every case (the fixture's cases
-have no near-tie between the exported and eager logits: their top-2 margins are far above float32 rounding);
-with the same tokens the FAST decode is the same arithmetic, so actions agree to 1e-6.
+Tolerances: the exported decode (and the runners' token-only `generate`) must emit eager's very tokens at every
+step of every case (the fixture's cases have no near-tie between the exported and eager logits: their top-2
+margins are far above float32 rounding); with the same tokens the FAST decode is the same arithmetic, so actions
+agree to 1e-6.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def _same_as_eager(exported) -> None:
         np.testing.assert_allclose(ours["actions"], ref["actions"], rtol=0, atol=ACTION_TOL)
         timing = ours["policy_timing"]
         assert timing["decode_steps"] == len(ours["action_tokens"]) and timing["tokens_per_s"] > 0
+        # The token-only path (bench/pi0_fast.py times it): the same loop, the same tokens, not detokenized.
+        runner = exported.runner
+        inputs = exported.processor.inputs([exported.processor.parse(obs)], runner.device, runner.dtype)
+        generated = runner.generate(inputs)
+        assert generated.tokens[0].tolist() == ours["action_tokens"].tolist(), case
+        assert generated.prefill_ms > 0 and generated.logits is None
 
 
 def _refuses_rtc(exported) -> None:

@@ -26,6 +26,7 @@ import platform
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -110,6 +111,7 @@ class ExecuTorchRunner:
         self.per_token = mode == "staged" and takes_per_token_times(sidecar)
         # A token decoder (pi0-FAST): its greedy loop and detokenizer out here, over its prefill and decode_step.
         self._decode = self.plan.token_decoder(self.cfg, pte.parent) if self.plan.token_decoder else None
+        self._generate = self.plan.token_generator(self.cfg) if self.plan.token_generator else None
         if self._decode is not None:
             self.rtc_methods = ()
             self.rtc_refusal = self.plan.rtc_refusal
@@ -152,6 +154,14 @@ class ExecuTorchRunner:
             sample = staged_sampler(self.cfg, noise, num_steps, rtc, per_token=self.per_token, guided=guided)
             actions = self.plan.run_staged(self.cfg, self._run, inputs, noise, num_steps, clock, sample)
         return Sampled(actions.numpy(), clock.ms)
+
+    def generate(self, inputs: ModelInputs) -> Any:
+        """A token decoder's (pi0-FAST) generated tokens and timings (its `Generated`), the very loop `sample`
+        runs, without the detokenizer: what a benchmark on random weights (no decodable chunk) times."""
+        if self._generate is None:
+            raise ValueError(f"{self.pte}: a {self.sidecar.family} program decodes no tokens")
+        with self._lock:
+            return self._generate(self._run, inputs)
 
     def close(self) -> None:
         """Drop the loaded methods and program (and the weights XNNPACK packed for them)."""

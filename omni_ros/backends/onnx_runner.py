@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -105,6 +106,7 @@ class OnnxRunner:
         self.per_token = mode == "staged" and takes_per_token_times(sidecar)
         # A token decoder (pi0-FAST): its greedy loop and detokenizer out here, over its prefill and decode_step.
         self._decode = plan.token_decoder(self.cfg, folder) if plan.token_decoder else None
+        self._generate = plan.token_generator(self.cfg) if plan.token_generator else None
         if self._decode is not None:
             self.rtc_methods = ()
             self.rtc_refusal = plan.rtc_refusal
@@ -156,6 +158,14 @@ class OnnxRunner:
             sample = staged_sampler(self.cfg, noise, num_steps, rtc, per_token=self.per_token, guided=False)
             actions = self.plan.run_staged(self.cfg, self._call, model_inputs, noise, num_steps, clock, sample)
         return Sampled(actions.numpy(), clock.ms)
+
+    def generate(self, model_inputs: ModelInputs) -> Any:
+        """A token decoder's (pi0-FAST) generated tokens and timings (its `Generated`), the very loop `sample`
+        runs, without the detokenizer: what a benchmark on random weights (no decodable chunk) times."""
+        if self._generate is None:
+            raise ValueError(f"{self.folder}: a {self.sidecar.family} graph set decodes no tokens")
+        with self._lock:
+            return self._generate(self._call, model_inputs)
 
     def close(self) -> None:
         with self._lock:

@@ -156,6 +156,9 @@ class StagePlan:
     # A token decoder's inference (pi0-FAST), in place of run_staged's Euler loop:
     # (cfg, folder of the exported files) -> decode(run, inputs) -> Sampled (its chunk, timings and extras).
     token_decoder: Callable[[Any, Any], Callable[[RunMethod, ModelInputs], Any]] | None = None
+    # Its token loop alone: cfg -> generate(run, inputs) -> the generated tokens and timings, not detokenized
+    # (the runners' `generate`: what a benchmark on random weights, which form no decodable chunk, times).
+    token_generator: Callable[[Any], Callable[[RunMethod, ModelInputs], Any]] | None = None
     # Why real-time chunking does not apply, where it does not (a token decoder): said at configure time.
     rtc_refusal: str = ""
 

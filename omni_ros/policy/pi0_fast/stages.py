@@ -4,11 +4,12 @@
     decode_step(token, position, mask, k_0, v_0, ...)          -> logits, k_new_0, v_new_0, ...
 
 The greedy loop and the FAST detokenizer stay in the runner (`token_decoder`, the eager family's very
-`greedy_decode`, `DecodeCursor` and `decoded`): it keeps a static cache of P + max_decoding_steps entries,
-copies the prefill's P entries into it, and after each decode step writes the step's own keys / values at the
-token's entry. A step's inputs are never its state (the runtime may copy or reuse them), so `decode_step` attends
-to the cache entries `mask` (B, P + S) allows plus its own keys / values, and returns those (B, kv_heads, 1, hd).
-No fused `sample`: a program has static shapes, a greedy decode a data-dependent length.
+`greedy_decode`, `DecodeCursor` and `decoded`; `token_generator` is the loop alone, tokens not detokenized): it
+keeps a static cache of P + max_decoding_steps entries, copies the prefill's P entries into it, and after each
+decode step writes the step's own keys / values at the token's entry. A step's inputs are never its state (the
+runtime may copy or reuse them), so `decode_step` attends to the cache entries `mask` (B, P + S) allows plus its
+own keys / values, and returns those (B, kv_heads, 1, hd). No fused `sample`: a program has static shapes, a
+greedy decode a data-dependent length.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from omni_ros.policy.methods import (
 )
 from omni_ros.policy.pi0.stages import prefix_mask_of
 from omni_ros.policy.pi0_fast.configuration import Pi0FastConfig
-from omni_ros.policy.pi0_fast.modeling import DecodeCursor, Pi0FastModel, greedy_decode
+from omni_ros.policy.pi0_fast.modeling import DecodeCursor, Generated, Pi0FastModel, greedy_decode
 from omni_ros.policy.pi0_fast.processing import RTC_REASON
 from omni_ros.policy.pipeline import Sampled
 
@@ -88,18 +89,15 @@ def method_module(model: Pi0FastModel, name: str, num_steps: int | None = None) 
     return Stage(model, runs[name])
 
 
-def token_decoder(cfg: Pi0FastConfig, folder: Path | str) -> Callable[[RunMethod, ModelInputs], Sampled]:
-    """The exported decode: prefill once, then the eager family's greedy loop over `decode_step`; the FAST
-    tokenizer folder (`cfg.fast.path`) relative to the exported files' `folder`."""
+def token_generator(cfg: Pi0FastConfig) -> Callable[[RunMethod, ModelInputs], Generated]:
+    """The exported token loop: prefill once, then the eager family's greedy loop over `decode_step` -> the
+    generated tokens (B, n) and the time to first token / of the rest (`Generated`, no logits kept). What
+    `token_decoder` detokenizes; also the runners' `generate` (a benchmark's random weights form no FAST chunk)."""
     import time
 
-    from omni_ros.policy.pi0_fast.fast import FastDetokenizer
-    from omni_ros.policy.pi0_fast.runner import decoded
-
-    detokenizer = FastDetokenizer(cfg, Path(folder) / cfg.fast.path)
     steps = cfg.max_decoding_steps
 
-    def decode(run: RunMethod, inputs: ModelInputs) -> Sampled:
+    def generate(run: RunMethod, inputs: ModelInputs) -> Generated:
         start = time.perf_counter()
         out = run("prefill", [inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask])
         # The static cache: the prefix's entries, then max_decoding_steps empty ones (copied: a runtime may hand
@@ -122,7 +120,23 @@ def token_decoder(cfg: Pi0FastConfig, folder: Path | str) -> Callable[[RunMethod
         first = time.perf_counter()
         tokens, _ = greedy_decode(logits, step, cfg, False)
         end = time.perf_counter()
-        return decoded(detokenizer, tokens, (first - start) * 1e3, (end - first) * 1e3)
+        return Generated(tokens, None, (first - start) * 1e3, (end - first) * 1e3)
+
+    return generate
+
+
+def token_decoder(cfg: Pi0FastConfig, folder: Path | str) -> Callable[[RunMethod, ModelInputs], Sampled]:
+    """The exported decode: `token_generator`'s tokens through the FAST detokenizer; the FAST tokenizer folder
+    (`cfg.fast.path`) relative to the exported files' `folder`."""
+    from omni_ros.policy.pi0_fast.fast import FastDetokenizer
+    from omni_ros.policy.pi0_fast.runner import decoded
+
+    detokenizer = FastDetokenizer(cfg, Path(folder) / cfg.fast.path)
+    generate = token_generator(cfg)
+
+    def decode(run: RunMethod, inputs: ModelInputs) -> Sampled:
+        out = generate(run, inputs)
+        return decoded(detokenizer, out.tokens, out.prefill_ms, out.decode_ms)
 
     return decode
 
@@ -141,5 +155,6 @@ PI0_FAST = StagePlan(
     run_staged=_no_euler,
     fused_inputs=_no_euler,
     token_decoder=token_decoder,
+    token_generator=token_generator,
     rtc_refusal=RTC_REASON,
 )
