@@ -135,6 +135,49 @@ def test_the_mlp_kernel_is_swapped_from_outside():
     assert GatedMLP.mlp_kernel is mlp  # the class default is untouched
 
 
+def _pretend_cpu(monkeypatch: pytest.MonkeyPatch, flags: str, model: str = "test") -> None:
+    from omni_ros import cpu_features
+
+    monkeypatch.setattr(
+        cpu_features, "detect", lambda: cpu_features.CpuFeatures("x86_64", model, frozenset(flags.split()))
+    )
+
+
+@pytest.mark.parametrize("model", ["AMD EPYC", "Intel(R) Xeon(R) Platinum 8488C"])
+def test_int8_products_skip_onednn_qlinear_on_amd(monkeypatch, model: str):
+    """oneDNN's qlinear ran ~1,000x slower than `_int_mm` on an AMD EPYC with VNNI: `_int_mm` there, same sums."""
+    from omni_ros.policy.precision.int8_linear import qlinear_available
+
+    _pretend_cpu(monkeypatch, "avx512_vnni avx512_bf16", model)
+    torch.manual_seed(3)
+    linear = nn.Linear(64, 32)
+    layer = Int8Linear(linear)
+    amd = model.startswith("AMD")
+    assert layer.kernel == ("int_mm" if amd or not qlinear_available() else "onednn")
+    assert (layer.packed is None) == (amd or not qlinear_available())
+    x = torch.randn(9, 64)
+    with torch.inference_mode():
+        rel = float((layer(x) - linear(x)).norm() / linear(x).norm())
+    assert 1e-5 < rel < 0.02  # int8 per channel x per token at width 64: near, not float32 again
+
+
+@pytest.mark.skipif(not native_bf16(), reason="needs a CPU with native bf16 (AVX512_BF16 / AMX): none here")
+@pytest.mark.parametrize(
+    "flags,expected", [("avx512_bf16 amx_bf16 amx_int8", "bf16"), ("avx512_bf16 avx512_vnni", "fp32")]
+)
+def test_bf16_attention_only_where_the_cpu_has_bf16_tiles(monkeypatch, flags: str, expected: str):
+    """AVX512_BF16 without AMX ran torch's bf16 flash attention slower than float32's: float32 stays there."""
+    from omni_ros.policy.pi0.presets import build_preset
+    from omni_ros.policy.precision import PrecisionChoice, apply_precision
+
+    _pretend_cpu(monkeypatch, flags)
+    model = build_preset("tiny").eval()
+    applied = apply_precision(model, PrecisionChoice("bf16", "test"))
+    kernels = {m.attention_kernel for m in model.modules() if hasattr(type(m), "attention_kernel")}
+    assert applied.attention == expected
+    assert kernels == ({bf16_sdpa} if expected == "bf16" else {sdpa})
+
+
 @pytest.mark.skipif(not native_bf16(), reason="needs a CPU with native bf16 (AVX512_BF16 / AMX): none here")
 def test_bf16_precision_fuses_every_mlp_of_a_model_where_the_cpu_has_bf16():
     from omni_ros.policy.pi0.presets import build_preset
@@ -147,7 +190,7 @@ def test_bf16_precision_fuses_every_mlp_of_a_model_where_the_cpu_has_bf16():
 
 
 @pytest.mark.skipif(not native_bf16(), reason="needs a CPU with native bf16 (AVX512_BF16 / AMX): none here")
-def test_a_projection_only_bf16_attention_reads_answers_in_bf16_with_the_same_numbers():
+def test_a_projection_only_bf16_attention_reads_answers_in_bf16_with_the_same_numbers(monkeypatch):
     """SigLIP's qkv feeds nothing but the attention kernel, which rounds it to bfloat16: returned in bfloat16
     (two passes fewer), the block's output is the same to the bit."""
     from types import SimpleNamespace
@@ -155,6 +198,7 @@ def test_a_projection_only_bf16_attention_reads_answers_in_bf16_with_the_same_nu
     from omni_ros.policy.pi0.vision import VitBlock
     from omni_ros.policy.precision import PrecisionChoice, apply_precision
 
+    _pretend_cpu(monkeypatch, "avx512_bf16 amx_bf16")  # bf16 attention runs only where it pays (AMX)
     torch.manual_seed(2)
     block = VitBlock(SimpleNamespace(width=64, num_heads=4, mlp_dim=128), "tanh").eval()
     apply_precision(block, PrecisionChoice("bf16", "test"))

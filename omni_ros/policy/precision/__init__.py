@@ -145,10 +145,10 @@ def _fused_mlps(model: nn.Module) -> int:
 
 
 def _attention(model: nn.Module) -> str:
-    """bf16 attention for a bf16 / int8 model on a CPU with native bf16 (attention.py says why); else fp32."""
-    from omni_ros.policy.precision.attention import bf16_sdpa, native_bf16, use_attention_kernel
+    """bf16 attention for a bf16 / int8 model on a CPU with bf16 tiles (attention.py says why); else fp32."""
+    from omni_ros.policy.precision.attention import bf16_attention_pays, bf16_sdpa, use_attention_kernel
 
-    if not native_bf16():
+    if not bf16_attention_pays():
         return "fp32"
     use_attention_kernel(model, bf16_sdpa)
     from omni_ros.policy.precision.bf16_linear import Bf16Linear

@@ -12,11 +12,11 @@ Two kernels run the product, chosen per CPU (omni_ros/policy/precision/choice.py
   activation scale per call, so it runs with scale 1 and the per-token scales multiply its float32 output
   (one pass over the output: on an AMX Xeon this was still 1.6x faster than torch's `_int_mm`, which re-reads
   a plain weight each call, and 1.3-1.8x the packed bf16 GEMM at pi0's shapes; scratch measurements written up
-  in docs/precision.md). Where the build has no such kernel, `_int_mm`. On a CPU without an int8 dot
-  product neither has a fast path (45x slower than float32 at pi0 edge's vision shapes on an AVX2 EPYC,
-  bench/gemm_kernels.py), so there (`emulate=True`) the same quantized operands go through a float32 GEMM:
-  the dequantized activations times the dequantized weight, packed for oneDNN, which is the int8 product
-  scaled back up to float32 rounding of the sums;
+  in docs/precision.md). Where the build has no such kernel, and on AMD CPUs (`qlinear_pays`), `_int_mm`.
+  On a CPU without an int8 dot product neither has a fast path (45x slower than float32 at pi0 edge's vision
+  shapes on an AVX2 EPYC, bench/gemm_kernels.py), so there (`emulate=True`) the same quantized operands go
+  through a float32 GEMM: the dequantized activations times the dequantized weight, packed for oneDNN, which is
+  the int8 product scaled back up to float32 rounding of the sums;
 - `xnnpack`: ExecuTorch's XNNPACK delegate, one method per linear in a program built once per checkpoint and
   CPU and cached (omni_ros/policy/precision/xnnpack_linears.py); where a call has more rows than the program
   was planned for, the rows go through it in slices.
@@ -58,6 +58,16 @@ def qlinear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack")
 
 
+def qlinear_pays() -> bool:
+    """Whether oneDNN's int8 linear is the product to use here: not on AMD CPUs. On an AMD EPYC with AVX-512
+    VNNI (no AMX) it took 12.8 s for one 560 x 512 -> 2048 product (51 x 256 -> 1024: 296 ms) against `_int_mm`'s
+    12.6 ms (0.17 ms) and packed bf16's 8.5 ms: a path some 1,000x slower, not a kernel (scratch, one thread,
+    torch 2.13). On the AMX Xeon it was the fastest int8 product."""
+    from omni_ros import cpu_features
+
+    return qlinear_available() and "AMD" not in cpu_features.detect().model
+
+
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, in) float -> int8 weight (out, in) and float32 scales (out,), symmetric per output channel."""
     w = weight.detach().float()
@@ -94,6 +104,8 @@ class Int8Linear(nn.Module):
         self.kernel = "onednn"
         self.packed: Any = None  # oneDNN's reordered int8 weight (native int8 CPUs)
         self.emulated: nn.Module | None = None
+        if not emulate and not qlinear_pays():
+            self.kernel = "int_mm"
         if emulate:
             from omni_ros.policy.cpu_linear import PackedLinear, packed_linear_available
 
@@ -104,7 +116,7 @@ class Int8Linear(nn.Module):
                     dequantized.bias.copy_(self.bias)
             self.emulated = PackedLinear(dequantized) if packed_linear_available() else dequantized
             self.kernel = "emulated"
-        elif qlinear_available():
+        elif qlinear_pays():
             self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
             # The kernel wants per-channel zero points even for a symmetric weight.
             self.zero_points = torch.zeros(self.out_features, dtype=torch.long)
