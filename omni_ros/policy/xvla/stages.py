@@ -143,14 +143,33 @@ def denoise_step(
     return model.transformer(context, domain, x, proprio, t)
 
 
+def clean_loop(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], noise: torch.Tensor, num_steps: int):
+    """`XVLAModel.denoise`'s loop over `step(x_t, t) -> clean estimate`: x_t rebuilt from the noise and the
+    previous estimate each step, t = i / steps from 1 down; the last estimate, before the action space's
+    postprocess."""
+    action = torch.zeros_like(noise)
+    steps = max(1, int(num_steps))
+    for i in range(steps, 0, -1):
+        t = torch.full((noise.shape[0],), i / steps, dtype=noise.dtype, device=noise.device)
+        x_t = noise * t[:, None, None] + action * (1 - t)[:, None, None]
+        action = step(x_t, t)
+    return action
+
+
+def _sample(model: XVLAModel, steps: int, images, image_masks, tokens, state, domain, noise) -> torch.Tensor:
+    """The fused loop. Each step pads the state itself, as `denoise_step` does (one padded proprio read by every
+    step's gripper zeroing is a pass-through XNNPACK refuses to lower); the same arithmetic as eager's."""
+    context = encode(model, images, image_masks, tokens, domain)
+    clean = clean_loop(lambda x_t, t: denoise_step(model, context, domain, state, x_t, t), noise, steps)
+    return model.action_space.postprocess(clean)
+
+
 def method_module(model: XVLAModel, name: str, num_steps: int | None = None) -> nn.Module:
     steps = num_steps or model.cfg.num_steps
     runs: dict[str, Callable[..., Any]] = {
         "encode": encode,
         "denoise_step": denoise_step,
-        "sample": lambda m, images, image_masks, tokens, state, domain, noise: m.denoise(
-            encode(m, images, image_masks, tokens, domain), domain, m.proprio(state), noise, steps
-        ),
+        "sample": lambda m, *inputs: _sample(m, steps, *inputs),
     }
     if name not in runs:
         raise ValueError(f"unknown method '{name}'; choose from {', '.join(METHODS)}")
@@ -180,12 +199,11 @@ def run_staged(
     context = run("encode", [inputs.images, inputs.image_masks, inputs.tokens, domain])[0].clone()
     clock.lap("embed_prefix_ms")
     clock.lap("prefill_ms")  # no separate prefill: the BART encoder runs inside encode
-    action = torch.zeros_like(noise)
-    steps = max(1, int(num_steps))
-    for i in range(steps, 0, -1):  # as XVLAModel.denoise
-        t = torch.full((noise.shape[0],), i / steps, dtype=noise.dtype)
-        x_t = noise * t[:, None, None] + action * (1 - t)[:, None, None]
-        action = run("denoise_step", [context, domain, inputs.state, x_t, t])[0].clone()
+
+    def step(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return run("denoise_step", [context, domain, inputs.state, x_t, t])[0].clone()
+
+    action = clean_loop(step, noise, num_steps)
     actions = build_action_space(cfg.action_mode, cfg.action_dim, cfg.model_dim_action).postprocess(action)
     clock.lap("denoise_ms")
     return actions
