@@ -33,7 +33,15 @@ def exported_policy(
     """The pipeline of an exported program: the family's processor (tokenizer file beside the program).
     `domain_id` (policy.domain_id) is the embodiment of an observation without one (X-VLA programs, which take
     the domain as an input); None: the checkpoint's saved default."""
-    cfg = sidecar.model if domain_id is None else with_domain(sidecar.model, domain_id, base_dir)
+    cfg = sidecar.model
+    if domain_id is not None:
+        try:
+            cfg = with_domain(cfg, domain_id, base_dir)
+        except ValueError:
+            close = getattr(runner, "close", None)  # the loaded program is not kept by a policy that fails
+            if close is not None:
+                close()
+            raise
     tokenizer_cfg = cfg.tokenizer
     if sidecar.tokenizer_file:
         tokenizer_cfg = type(tokenizer_cfg)(tokenizer_cfg.kind, sidecar.tokenizer_file, tokenizer_cfg.max_tokens)
