@@ -112,7 +112,9 @@ class ExecuTorchRunner:
         # A token decoder (pi0-FAST): its greedy loop and detokenizer out here, over its prefill and decode_step.
         self._decode = self.plan.token_decoder(self.cfg, pte.parent) if self.plan.token_decoder else None
         self._generate = self.plan.token_generator(self.cfg) if self.plan.token_generator else None
-        if self._decode is not None:
+        # A family whose steps the runtime's RTC samplers do not fit (a token decoder, X-VLA's x0 form) says
+        # why, and is refused RTC at configure.
+        if self._decode is not None or self.plan.rtc_refusal:
             self.rtc_methods = ()
             self.rtc_refusal = self.plan.rtc_refusal
         try:
@@ -135,6 +137,8 @@ class ExecuTorchRunner:
                 raise RtcError(f"{self.pte}: real-time chunking does not apply: {self.plan.rtc_refusal}")
             with self._lock:
                 return self._decode(self._run, inputs)
+        if rtc is not None and self.plan.rtc_refusal:
+            raise RtcError(f"{self.pte}: real-time chunking does not apply: {self.plan.rtc_refusal}")
         if noise is None or num_steps is None:
             raise ValueError("the ExecuTorch runner needs the sampling noise and the step count")
         if rtc is not None and (rtc.target is None or rtc.request.method not in self.rtc_methods):
@@ -182,6 +186,7 @@ def load_pte(
     camera_names: Sequence[str] | None = None,
     state_dim: int | None = None,
     action_dim: int | None = None,
+    domain_id: int | None = None,
 ) -> InferencePipeline:
     """The policy of an exported program, checked against its sidecar and the configured robot."""
     if mode not in MODES:
@@ -208,4 +213,6 @@ def load_pte(
             )
     runner = ExecuTorchRunner(pte, sidecar, mode, num_threads)
     fused = mode == "fused"
-    return exported_policy(sidecar, runner, pte.parent, fused=fused, seed=seed, num_steps=num_steps, name=name)
+    return exported_policy(
+        sidecar, runner, pte.parent, fused=fused, seed=seed, num_steps=num_steps, name=name, domain_id=domain_id
+    )

@@ -28,9 +28,20 @@ def exported_policy(
     seed: int | None,
     num_steps: int | None,
     name: str | None,
+    domain_id: int | None = None,
 ) -> InferencePipeline:
-    """The pipeline of an exported program: the family's processor (tokenizer file beside the program)."""
+    """The pipeline of an exported program: the family's processor (tokenizer file beside the program).
+    `domain_id` (policy.domain_id) is the embodiment of an observation without one (X-VLA programs, which take
+    the domain as an input); None: the checkpoint's saved default."""
     cfg = sidecar.model
+    if domain_id is not None:
+        try:
+            cfg = with_domain(cfg, domain_id, base_dir)
+        except ValueError:
+            close = getattr(runner, "close", None)  # the loaded program is not kept by a policy that fails
+            if close is not None:
+                close()
+            raise
     tokenizer_cfg = cfg.tokenizer
     if sidecar.tokenizer_file:
         tokenizer_cfg = type(tokenizer_cfg)(tokenizer_cfg.kind, sidecar.tokenizer_file, tokenizer_cfg.max_tokens)
@@ -39,6 +50,21 @@ def exported_policy(
     processor = families.get(sidecar.family).build_processor(cfg, sidecar.norm_stats, tokenizer)
     steps = num_steps or (sidecar.num_steps if fused else cfg.num_steps)
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=name or sidecar.name)
+
+
+def with_domain(cfg: Any, domain_id: int, source: Path) -> Any:
+    """`cfg` with its default domain set, refused (as the eager loader refuses it) where the model has no such
+    domain or no domains at all."""
+    from dataclasses import replace
+
+    from omni_ros.typed_config import ConfigError
+
+    domains = getattr(getattr(cfg, "head", None), "num_domains", None)
+    if domains is None:
+        raise ConfigError(f"{source}: policy.domain_id is for cross-embodiment (X-VLA) programs only")
+    if not 0 <= int(domain_id) < domains:
+        raise ConfigError(f"{source}: policy.domain_id {domain_id} is not one of its domains 0..{domains - 1}")
+    return replace(cfg, domain_id=int(domain_id))
 
 
 def takes_per_token_times(sidecar: Any) -> bool:

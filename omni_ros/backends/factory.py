@@ -134,6 +134,7 @@ def _exported(config: PolicyConfig, camera_names, state_dim, action_dim) -> dict
         "camera_names": camera_names,
         "state_dim": state_dim,
         "action_dim": action_dim,
+        "domain_id": config.domain_id,
     }
 
 

@@ -107,7 +107,9 @@ class OnnxRunner:
         # A token decoder (pi0-FAST): its greedy loop and detokenizer out here, over its prefill and decode_step.
         self._decode = plan.token_decoder(self.cfg, folder) if plan.token_decoder else None
         self._generate = plan.token_generator(self.cfg) if plan.token_generator else None
-        if self._decode is not None:
+        # A family whose steps the runtime's RTC samplers do not fit (a token decoder, X-VLA's x0 form) says
+        # why, and is refused RTC at configure.
+        if self._decode is not None or plan.rtc_refusal:
             self.rtc_methods = ()
             self.rtc_refusal = plan.rtc_refusal
         quant = "" if sidecar.quantize == "none" else f"-{sidecar.quantize}"
@@ -134,6 +136,8 @@ class OnnxRunner:
                 raise RtcError(f"{self.folder}: real-time chunking does not apply: {self.plan.rtc_refusal}")
             with self._lock:
                 return self._decode(self._call, model_inputs)
+        if rtc is not None and self.plan.rtc_refusal:
+            raise RtcError(f"{self.folder}: real-time chunking does not apply: {self.plan.rtc_refusal}")
         if noise is None or num_steps is None:
             raise ValueError("the ONNX runner needs the sampling noise and the step count")
         if rtc is not None and (rtc.target is None or rtc.request.method not in self.rtc_methods):
@@ -188,6 +192,7 @@ def load_onnx(
     camera_names: Sequence[str] | None = None,
     state_dim: int | None = None,
     action_dim: int | None = None,
+    domain_id: int | None = None,
 ) -> InferencePipeline:
     """The policy of an ONNX export folder on `providers`, checked against its sidecar and the robot."""
     runner = OnnxRunner(
@@ -205,4 +210,6 @@ def load_onnx(
             f"{folder}: its fused 'sample' runs {sidecar.num_steps} Euler steps, configured num_steps is "
             f"{num_steps}; export with --num-steps {num_steps} or use the staged graphs"
         )
-    return exported_policy(sidecar, runner, Path(folder), fused=fused, seed=seed, num_steps=num_steps, name=name)
+    return exported_policy(
+        sidecar, runner, Path(folder), fused=fused, seed=seed, num_steps=num_steps, name=name, domain_id=domain_id
+    )

@@ -100,16 +100,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export",
         help="export a policy to an ExecuTorch .pte (xnnpack, qnn, cuda) or ONNX (onnx, qnn-onnx)",
         description="Export the policy's stages (pi0: encode_images, prefill, denoise_step; SmolVLA: encode_image "
-        "per camera, prefill, denoise_step) and the fused sampling loop (sample) as named methods of one .pte, "
-        "lowered for a backend, plus a sidecar <out>.json; or, for --target onnx / qnn-onnx (pi0 family), as one "
-        "ONNX graph per method in the folder --out with its sidecar omni_ros.json. qnn-onnx quantizes for "
-        "Qualcomm's HTP (calibrated on --calibration) and compiles the graphs for --qnn-soc (the qnn extra: "
-        "onnxruntime-qnn).",
+        "per camera, prefill, denoise_step; X-VLA: encode, denoise_step) and the fused sampling loop (sample) as "
+        "named methods of one .pte, lowered for a backend, plus a sidecar <out>.json; or, for --target onnx / "
+        "qnn-onnx (qnn-onnx: the pi0 family), as one ONNX graph per method in the folder --out with its sidecar "
+        "omni_ros.json. qnn-onnx quantizes for Qualcomm's HTP (calibrated on --calibration) and compiles the "
+        "graphs for --qnn-soc (the qnn extra: onnxruntime-qnn).",
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument(
         "--checkpoint",
-        help="checkpoint folder: omni_ros's, a LeRobot pi0 / pi05 / SmolVLA folder or an openpi PyTorch one",
+        help="checkpoint folder: omni_ros's, a LeRobot pi0 / pi05 / SmolVLA / pi0-FAST / X-VLA folder or an openpi "
+        "PyTorch one",
     )
     source.add_argument("--preset", default="small", help="built-in architecture with seeded random weights")
     p.add_argument(

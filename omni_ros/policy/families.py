@@ -115,7 +115,9 @@ def _xvla() -> Family:
         return XVLAProcessor(cfg, stats, tokenizer)
 
     def stages() -> StagePlan:
-        raise ValueError("X-VLA has no exported (program) form in omni_ros yet: serve it with the torch backend")
+        from omni_ros.policy.xvla.stages import XVLA
+
+        return XVLA
 
     def runner(model: nn.Module, cfg: Any, **options: Any) -> Any:
         from omni_ros.policy.xvla.runner import XVLATorchRunner

@@ -1,0 +1,227 @@
+"""X-VLA's inference stages as program methods (its `StagePlan`, see omni_ros.policy.methods):
+
+    encode(images, image_masks, tokens, domain_id)              -> context  (the head's tokens, projected)
+    denoise_step(context, domain_id, state, x_t, t)             -> clean    (the network's clean estimate)
+    sample(images, image_masks, tokens, state, domain_id, noise) -> actions (the whole loop, fused)
+
+`domain_id` (B,) int64 is an input of every method, so one program serves every embodiment of a
+cross-embodiment checkpoint (the processor checks it against the checkpoint's domains before any program runs).
+X-VLA attends to every prompt position, pads too, so there is no token mask input.
+
+X-VLA's sampler is not Euler on a velocity: each step rebuilds x_t = noise * t + action * (1 - t) from the
+previous clean estimate (`XVLAModel.denoise`). `run_staged` runs that loop over `denoise_step` and applies the
+action space's postprocess (sigmoid grippers, real width) at the end, as eager does inside the model; the fused
+`sample` has it traced in. Its output is the action space's width, not the noise's.
+
+Static shapes: every camera slot (num_views) goes through the vision tower and the missing ones' tokens are
+zeroed (eager skips them and writes zeros: the same tokens); the image size is the checkpoint's
+resize_imgs_with_padding, so a checkpoint without one has no program form.
+
+Real-time chunking is refused on these programs (`rtc_refusal`): a runtime's RTC sampler is the velocity form,
+and X-VLA's is the x0 form (the torch backend serves it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from omni_ros.policy.inputs import ModelInputs
+from omni_ros.policy.methods import MethodSignature, RunMethod, SampleFn, Stage, StagePlan, TensorSpec
+from omni_ros.policy.pipeline import StageClock
+from omni_ros.policy.xvla.action_space import build_action_space
+from omni_ros.policy.xvla.configuration import XVLAConfig
+from omni_ros.policy.xvla.modeling import XVLAModel
+
+METHODS = ("encode", "denoise_step", "sample")
+STAGED = ("encode", "denoise_step")
+RTC_REASON = (
+    "exported X-VLA programs do not serve real-time chunking (X-VLA's sampler predicts the clean action, the "
+    "exported RTC samplers are the velocity form); serve it with the torch backend for RTC"
+)
+
+
+def _image_size(cfg: XVLAConfig) -> tuple[int, int]:
+    if not cfg.resize:
+        raise ValueError(
+            "this X-VLA checkpoint has no resize_imgs_with_padding: a program needs one image size; "
+            "serve it with the torch backend"
+        )
+    return int(cfg.resize[0]), int(cfg.resize[1])
+
+
+def context_len(cfg: XVLAConfig) -> int:
+    """Tokens of the head's context: the first view and the prompt (BART), then the other views."""
+    n = cfg.tokens_per_camera
+    assert n is not None  # _image_size refused a checkpoint without a resize
+    return n + cfg.tokenizer.max_tokens + (cfg.num_views - 1) * n
+
+
+def action_width(cfg: XVLAConfig) -> int:
+    """The width of an output chunk: the action space's (after its real-width cut)."""
+    space = build_action_space(cfg.action_mode, cfg.action_dim, cfg.model_dim_action)
+    return space.real_dim if space.real_dim is not None else space.dim_action
+
+
+def signatures(cfg: XVLAConfig, batch: int = 1) -> dict[str, MethodSignature]:
+    h, w = _image_size(cfg)
+    images = TensorSpec("images", (batch, cfg.num_views, 3, h, w), "float32")
+    image_masks = TensorSpec("image_masks", (batch, cfg.num_views), "bool")
+    tokens = TensorSpec("tokens", (batch, cfg.tokenizer.max_tokens), "int64")
+    state = TensorSpec("state", (batch, cfg.state_dim), "float32")
+    domain = TensorSpec("domain_id", (batch,), "int64")
+    noise = TensorSpec("noise", (batch, cfg.action_horizon, cfg.model_dim_action), "float32")
+    context = TensorSpec("context", (batch, context_len(cfg), cfg.head.width), "float32")
+    specs = [
+        MethodSignature("encode", (images, image_masks, tokens, domain), (context,)),
+        MethodSignature(
+            "denoise_step",
+            (context, domain, state, TensorSpec("x_t", noise.shape, "float32"), TensorSpec("t", (batch,), "float32")),
+            (TensorSpec("clean", noise.shape, "float32"),),
+        ),
+        MethodSignature(
+            "sample",
+            (images, image_masks, tokens, state, domain, noise),
+            (TensorSpec("actions", (batch, cfg.action_horizon, action_width(cfg)), "float32"),),
+        ),
+    ]
+    return {m.name: m for m in specs}
+
+
+def xvla_example_inputs(signature: MethodSignature, cfg: XVLAConfig, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Plausible inputs: token ids in BART's vocabulary, domains the checkpoint has, the first camera present and
+    the last missing (the processor stacks the present ones first; the masking is traced), t in (0, 1]."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for spec in signature.inputs:
+        if spec.name == "domain_id":
+            out.append(torch.randint(0, cfg.head.num_domains, spec.shape, generator=gen))
+        elif spec.name == "tokens":
+            out.append(torch.randint(0, min(cfg.text.vocab_size, 256), spec.shape, generator=gen))
+        elif spec.name == "image_masks":
+            mask = torch.ones(spec.shape, dtype=torch.bool)
+            if spec.shape[-1] > 1:
+                mask[..., -1] = False
+            out.append(mask)
+        elif spec.name == "images":
+            out.append(torch.randn(spec.shape, generator=gen))  # ImageNet-normalized pixels
+        elif spec.name == "t":
+            out.append(torch.rand(spec.shape, generator=gen) * 0.9 + 0.1)
+        else:
+            out.append(torch.randn(spec.shape, generator=gen))
+    return tuple(out)
+
+
+def encode(
+    model: XVLAModel, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor, domain: torch.Tensor
+) -> torch.Tensor:
+    """`XVLAModel.encode` in static shapes: every slot through the vision tower, the missing ones zeroed (eager
+    writes zeros for them without encoding: the same tokens)."""
+    b, views = images.shape[:2]
+    feats = model.image_tokens(images.flatten(0, 1)).view(b, views, -1, model.cfg.vision.projection_dim)
+    feats = torch.where(image_masks[:, :, None, None], feats, torch.zeros_like(feats))
+    encoder = model.vlm.language_model.encoder
+    text = encoder.embed_tokens(tokens).to(feats.dtype) * encoder.embed_scale
+    vlm = encoder(torch.cat([feats[:, 0], text], dim=1))
+    aux = feats[:, 1:].reshape(b, -1, feats.shape[-1])
+    return model.transformer.project(vlm, aux, domain)
+
+
+def denoise_step(
+    model: XVLAModel,
+    context: torch.Tensor,
+    domain: torch.Tensor,
+    state: torch.Tensor,
+    x_t: torch.Tensor,
+    t: torch.Tensor,
+) -> torch.Tensor:
+    """One network call of `XVLAModel.denoise`: the action space's preprocess, then the head's clean estimate."""
+    proprio, x = model.action_space.preprocess(model.proprio(state), x_t)
+    return model.transformer(context, domain, x, proprio, t)
+
+
+def clean_loop(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], noise: torch.Tensor, num_steps: int):
+    """`XVLAModel.denoise`'s loop over `step(x_t, t) -> clean estimate`: x_t rebuilt from the noise and the
+    previous estimate each step, t = i / steps from 1 down; the last estimate, before the action space's
+    postprocess."""
+    action = torch.zeros_like(noise)
+    steps = max(1, int(num_steps))
+    for i in range(steps, 0, -1):
+        t = torch.full((noise.shape[0],), i / steps, dtype=noise.dtype, device=noise.device)
+        x_t = noise * t[:, None, None] + action * (1 - t)[:, None, None]
+        action = step(x_t, t)
+    return action
+
+
+def _sample(model: XVLAModel, steps: int, images, image_masks, tokens, state, domain, noise) -> torch.Tensor:
+    """The fused loop. Each step pads the state itself, as `denoise_step` does (one padded proprio read by every
+    step's gripper zeroing is a pass-through XNNPACK refuses to lower); the same arithmetic as eager's."""
+    context = encode(model, images, image_masks, tokens, domain)
+    clean = clean_loop(lambda x_t, t: denoise_step(model, context, domain, state, x_t, t), noise, steps)
+    return model.action_space.postprocess(clean)
+
+
+def method_module(model: XVLAModel, name: str, num_steps: int | None = None) -> nn.Module:
+    steps = num_steps or model.cfg.num_steps
+    runs: dict[str, Callable[..., Any]] = {
+        "encode": encode,
+        "denoise_step": denoise_step,
+        "sample": lambda m, *inputs: _sample(m, steps, *inputs),
+    }
+    if name not in runs:
+        raise ValueError(f"unknown method '{name}'; choose from {', '.join(METHODS)}")
+    return Stage(model, runs[name])
+
+
+def _domain(inputs: ModelInputs) -> torch.Tensor:
+    domain = getattr(inputs, "domain_id", None)
+    if domain is None or domain.numel() != inputs.batch_size:
+        raise ValueError("X-VLA programs need the inputs' domain_id (one per sample: XVLAProcessor builds it)")
+    return domain.to(torch.int64)
+
+
+def run_staged(
+    cfg: XVLAConfig,
+    run: RunMethod,
+    inputs: ModelInputs,
+    noise: torch.Tensor,
+    num_steps: int,
+    clock: StageClock,
+    sample: SampleFn | None = None,
+) -> torch.Tensor:
+    """One inference: encode once, then X-VLA's own loop over denoise_step. `sample` (a runtime's velocity-form
+    sampler) is not used: X-VLA's step is a clean estimate, and real-time chunking is refused before this."""
+    domain = _domain(inputs)
+    # Cloned: a runtime may hand back its output buffer, which the next call overwrites.
+    context = run("encode", [inputs.images, inputs.image_masks, inputs.tokens, domain])[0].clone()
+    clock.lap("embed_prefix_ms")
+    clock.lap("prefill_ms")  # no separate prefill: the BART encoder runs inside encode
+
+    def step(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return run("denoise_step", [context, domain, inputs.state, x_t, t])[0].clone()
+
+    action = clean_loop(step, noise, num_steps)
+    actions = build_action_space(cfg.action_mode, cfg.action_dim, cfg.model_dim_action).postprocess(action)
+    clock.lap("denoise_ms")
+    return actions
+
+
+def fused_inputs(cfg: XVLAConfig, inputs: ModelInputs) -> list[torch.Tensor]:
+    """The inputs of `sample` before the noise: images, image_masks, tokens, state, domain_id."""
+    return [inputs.images, inputs.image_masks, inputs.tokens, inputs.state, _domain(inputs)]
+
+
+XVLA = StagePlan(
+    family="xvla",
+    methods=METHODS,
+    staged=STAGED,
+    signatures=signatures,
+    module=method_module,
+    example_inputs=xvla_example_inputs,
+    run_staged=run_staged,
+    fused_inputs=fused_inputs,
+    rtc_refusal=RTC_REASON,
+)

@@ -1,0 +1,207 @@
+"""X-VLA exported: encode + denoise_step (staged, X-VLA's own clean-estimate loop in the runner) and the fused
+`sample`, to ExecuTorch XNNPACK fp32 and ONNX, on the LeRobot 0.6.1 fixtures (test_reference_xvla.py checks eager
+against LeRobot): xvla_1cam (ee6d: sigmoid grippers, domains 1 and 2) and xvla_3cam (auto: the real width cut,
+domains 0 and 2, missing cameras). xvla_1cam goes to a .pte and to ONNX, xvla_3cam to ONNX (a .pte lowers the
+same graphs, minutes more of CPU); the .pte's fused loop is exported with 2 steps (fewer nodes to lower).
+
+Tolerance: 1e-4 abs on the actions in float32, against eager and against LeRobot's fixture actions (the same
+arithmetic in other kernels; eager itself is within about 2e-7 of LeRobot, test_reference_xvla.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_reference_xvla import MANIFEST, REFERENCE, case, policy
+
+import omni_ros.policy
+from omni_ros.backends.executorch_runner import load_pte
+from omni_ros.backends.factory import load_policy
+from omni_ros.backends.onnx_runner import load_onnx
+from omni_ros.control.config import ControlConfig, RtcConfig
+from omni_ros.control.executor import check_rtc_support
+from omni_ros.export.sidecar import read_onnx_sidecar, read_sidecar
+from omni_ros.observation import ObservationError
+from omni_ros.policy.config import PolicyConfig
+from omni_ros.policy.families import stage_plan
+from omni_ros.policy.pipeline import StageClock
+from omni_ros.policy.rtc import RtcPlan
+from omni_ros.policy.rtc_request import RtcError, RtcRequest
+from omni_ros.policy.xvla.configuration import XVLAConfig
+from omni_ros.typed_config import ConfigError
+
+pytestmark = [
+    pytest.mark.usefixtures("torch_one_thread"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.timeout(900),
+]
+TOL = 1e-4
+METHODS = ["encode", "denoise_step", "sample"]
+
+
+def _cli_export(root: Path, fixture: str, out: Path, *extra: str) -> None:
+    cmd = [sys.executable, "-m", "omni_ros.cli", "export", "--checkpoint", str(REFERENCE / fixture), "--out", str(out)]
+    run = subprocess.run([*cmd, *extra], cwd=root, capture_output=True, text=True, timeout=800)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+# The fused .pte loop runs this many steps: lowering costs CPU per graph node, and the fused loop unrolls the head
+# once per step (the ONNX folders keep the default 10, checked against LeRobot's 10-step actions).
+PTE_FUSED_STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, root) -> dict[str, Path]:
+    """xvla_1cam as a .pte (XNNPACK fp32) and an ONNX folder, with the command line; xvla_3cam as an ONNX folder
+    (its .pte is lowered the same way, minutes more on this machine)."""
+    from omni_ros.export.exporter import export_checkpoint
+
+    base = tmp_path_factory.mktemp("xvla")
+    out = {"xvla_1cam.pte": base / "1cam.pte", "xvla_1cam.onnx": base / "1cam_onnx", "xvla_3cam.onnx": base / "3cam"}
+    _cli_export(root, "xvla_1cam", out["xvla_1cam.pte"], "--num-steps", str(PTE_FUSED_STEPS))
+    _cli_export(root, "xvla_1cam", out["xvla_1cam.onnx"], "--target", "onnx")
+    export_checkpoint(REFERENCE / "xvla_3cam", out["xvla_3cam.onnx"], target="onnx")
+    return out
+
+
+def _policies(exports: dict[str, Path], fixture: str) -> dict[str, object]:
+    """label -> (exported policy, the number of denoising steps it runs)."""
+    out: dict[str, object] = {}
+    if f"{fixture}.pte" in exports:
+        out["pte staged"] = load_pte(exports[f"{fixture}.pte"], mode="staged")
+        out["pte fused"] = load_pte(exports[f"{fixture}.pte"], mode="fused", num_steps=PTE_FUSED_STEPS)
+    out["onnx staged"] = load_onnx(exports[f"{fixture}.onnx"], mode="staged")
+    out["onnx fused"] = load_onnx(exports[f"{fixture}.onnx"], mode="fused")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", list(MANIFEST["fixtures"]))
+def test_programs_give_eagers_and_lerobots_actions(exports, fixture):
+    """Staged and fused, .pte and ONNX, every case (both domain ids in one program, missing cameras)."""
+    eager = policy(fixture)
+    few_steps = omni_ros.policy.load(REFERENCE / fixture, num_steps=PTE_FUSED_STEPS)
+    domains = set()
+    for name in MANIFEST["fixtures"][fixture]["cases"]:
+        info, data, obs = case(fixture, name)
+        domains.add(info["domain_id"])
+        noise = data["noise"][0]
+        want, want_few = eager.infer(obs, noise=noise)["actions"], few_steps.infer(obs, noise=noise)["actions"]
+        for label, exported in _policies(exports, fixture).items():
+            got = exported.infer(obs, noise=noise)["actions"]
+            assert got.shape == want.shape, (label, name)
+            if label == "pte fused":  # its loop's steps fixed at export: eager's at the same count
+                np.testing.assert_allclose(got, want_few, rtol=0, atol=TOL, err_msg=f"{label} {name} vs eager")
+                continue
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=f"{label} {name} vs eager")
+            np.testing.assert_allclose(got, data["actions"][0], rtol=0, atol=TOL, err_msg=f"{label} {name} vs LeRobot")
+    assert len(domains) == 2
+
+
+@pytest.mark.slow
+def test_sidecars_and_the_backend_factory(exports):
+    fixture = "xvla_1cam"
+    sidecar = read_sidecar(exports[f"{fixture}.pte"])
+    assert sidecar.family == "xvla" and list(sidecar.methods) == METHODS
+    assert list(read_onnx_sidecar(exports[f"{fixture}.onnx"]).methods) == METHODS
+    for method in METHODS:  # one program for every embodiment: the domain is an input of each method
+        (domain,) = [s for s in sidecar.methods[method].inputs if s.name == "domain_id"]
+        assert domain.dtype == "int64" and domain.shape == (1,)
+    for method, report in sidecar.delegation.items():
+        for heavy in ("linear", "bmm", "convolution"):
+            assert heavy not in report["portable"], (method, report["portable"])
+    # The checkpoint's saved domain (1) when an observation has none; policy.domain_id overrides it.
+    _, data1, obs = case(fixture, "pick_domain1")
+    _, data2, _ = case(fixture, "pick_domain2")
+    del obs["domain_id"]
+    for config in (
+        PolicyConfig(backend="executorch", pte=str(exports[f"{fixture}.pte"])),
+        PolicyConfig(backend="onnxruntime", onnx=str(exports[f"{fixture}.onnx"])),
+    ):
+        saved = load_policy(config)
+        got = saved.infer(obs, noise=data1["noise"][0])["actions"]
+        np.testing.assert_allclose(got, data1["actions"][0], rtol=0, atol=TOL)
+        config.domain_id = 2
+        two = load_policy(config)
+        np.testing.assert_allclose(two.infer(obs, noise=data2["noise"][0])["actions"], data2["actions"][0], atol=TOL)
+
+
+@pytest.mark.slow
+def test_staged_encodes_once_and_steps_num_steps_times(exports):
+    from helpers.pte_cache import CountingMethod
+
+    exported = load_pte(exports["xvla_1cam.pte"], num_steps=3)
+    calls: list[str] = []
+    exported.runner._methods = {n: CountingMethod(m, calls, n) for n, m in exported.runner._methods.items()}
+    _, _, obs = case("xvla_1cam", "stack_domain1")
+    out = exported.infer(obs)
+    assert calls == ["encode"] + ["denoise_step"] * 3
+    assert set(out["policy_timing"]) >= {"embed_prefix_ms", "prefill_ms", "denoise_ms"}
+
+
+@pytest.mark.slow
+def test_unknown_domain_refused_as_eager_refuses_it(exports):
+    _, data, obs = case("xvla_1cam", "pick_domain1")
+    bad = {**obs, "domain_id": 99}
+    with pytest.raises(ObservationError) as eager_error:
+        policy("xvla_1cam").infer(bad, noise=data["noise"][0])
+    for exported in _policies(exports, "xvla_1cam").values():
+        with pytest.raises(ObservationError) as error:
+            exported.infer(bad, noise=data["noise"][0])
+        assert str(error.value) == str(eager_error.value)
+    with pytest.raises(ConfigError, match=r"domain_id 99 is not one of its domains 0\.\.2"):
+        load_policy(PolicyConfig(backend="executorch", pte=str(exports["xvla_1cam.pte"]), domain_id=99))
+    with pytest.raises(ConfigError, match=r"domain_id 99 is not one of its domains 0\.\.2"):
+        load_policy(PolicyConfig(backend="onnxruntime", onnx=str(exports["xvla_1cam.onnx"]), domain_id=99))
+
+
+@pytest.mark.slow
+def test_rtc_refused_at_configure_never_the_velocity_form(exports):
+    """The runtimes' RTC samplers are the velocity form; X-VLA's step is a clean estimate: refused, with why."""
+    eager = policy("xvla_1cam")
+    check_rtc_support(ControlConfig(blending="rtc"), eager)  # the torch backend serves it (x0 form)
+    _, data, obs = case("xvla_1cam", "pick_domain1")
+    request = RtcRequest(np.zeros((32, 20), np.float32), inference_delay=2, method="inpaint")
+    for label, exported in _policies(exports, "xvla_1cam").items():
+        assert exported.rtc_methods == (), label
+        for method in ("guided", "inpaint"):
+            with pytest.raises(ConfigError, match="predicts the clean action"):
+                check_rtc_support(ControlConfig(blending="rtc", rtc=RtcConfig(method=method)), exported)
+        with pytest.raises(RtcError, match="cannot serve rtc method 'inpaint'"):
+            exported.infer(obs, noise=data["noise"][0], rtc=request)
+        with pytest.raises(RtcError, match="predicts the clean action"):  # the runner too, whoever calls it
+            inputs = exported.processor.inputs([exported.processor.parse(obs)])
+            exported.runner.sample(inputs, torch.from_numpy(data["noise"][:1]), 2, rtc=RtcPlan(request, None))
+
+
+def test_fused_and_staged_forms_trace_to_eager():
+    """The methods as torch.export traces them (without lowering) give eager's chunk, both domains of a case."""
+    eager = policy("xvla_3cam")
+    model, processor = eager.runner.model, eager.processor
+    cfg, plan = model.cfg, stage_plan("xvla")
+    sigs = plan.signatures(cfg)
+    with torch.no_grad():
+        programs = {
+            m: torch.export.export(plan.module(model, m, 2), plan.example_inputs(sigs[m], cfg)).module()
+            for m in METHODS
+        }
+        _, data, obs = case("xvla_3cam", "missing_top")
+        for domain in (0, 2):
+            inputs = processor.inputs([processor.parse({**obs, "domain_id": domain})])
+            noise = torch.from_numpy(data["noise"][:1])
+            want = model.sample(inputs, noise, inputs.domain_id, 2)
+            fused = plan.fused_inputs(cfg, inputs)
+            assert [tuple(x.shape) for x in (*fused, noise)] == [s.shape for s in sigs["sample"].inputs]
+            np.testing.assert_allclose(programs["sample"](*fused, noise), want, rtol=0, atol=TOL)
+            staged = plan.run_staged(cfg, lambda m, xs: [programs[m](*xs)], inputs, noise, 2, StageClock())
+            np.testing.assert_allclose(staged, want, rtol=0, atol=TOL)
+
+
+def test_a_checkpoint_without_a_fixed_image_size_has_no_program_form():
+    with pytest.raises(ValueError, match="no resize_imgs_with_padding: a program needs one image size"):
+        stage_plan("xvla").signatures(XVLAConfig(resize=None))
