@@ -170,15 +170,25 @@ def test_follow_joint_trajectory_server(tmp_path, root, robot, ros_context):
     from rclpy.action import ActionServer
 
     config = CONFIG.replace("  dry_run: false\n", "  dry_run: false\n  command_interface: follow_joint_trajectory\n")
-    r = robot()
+    robot()
     (tmp_path / "doctor.yaml").write_text(config + FJT)
     status, out = doctor_file(tmp_path / "doctor.yaml", root)
     assert status == 1
     assert "verdict: NOT READY: no controller serves /doctor/follow_joint_trajectory" in out
-    server = ActionServer(r.node, FollowJointTrajectory, "/doctor/follow_joint_trajectory", lambda h: None)
+    # The controller is a node of its own with its own executor: entities added to a node while another thread
+    # spins it race rclpy's wait set (the robot's timers then stopped publishing, once in CI).
+    controller = rclpy.create_node("doctor_controller", context=ros_context)
+    server = ActionServer(controller, FollowJointTrajectory, "/doctor/follow_joint_trajectory", lambda h: None)
+    executor = SingleThreadedExecutor(context=ros_context)
+    executor.add_node(controller)
+    thread = threading.Thread(target=executor.spin, daemon=True)
+    thread.start()
     try:
         status, out = doctor_file(tmp_path / "doctor.yaml", root)
         assert status == 0, out
         assert "action server up" in out
     finally:
+        executor.shutdown()
+        thread.join(timeout=5)
         server.destroy()
+        controller.destroy_node()

@@ -84,14 +84,37 @@ class Run:
         return False
 
 
+class Gated:
+    """The real policy, whose inferences wait until the test opens the gate: what a test reads right after the
+    tick that started an inference is then that inference's state, however fast the machine (an open gate: the
+    real policy as it is)."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.metadata, self.spec = policy, policy.metadata, policy.spec
+        self.rtc_methods = policy.rtc_methods
+        self.gate = threading.Event()
+
+    def infer(self, obs, **kwargs):
+        if not self.gate.wait(timeout=60):
+            raise TimeoutError("the test never opened the gate")
+        return self.policy.infer(obs, **kwargs)
+
+
 @pytest.fixture
-def run(config, policy):
-    r = Run(config, policy)
+def gated(policy):
+    return Gated(policy)
+
+
+@pytest.fixture
+def run(config, gated):
+    r = Run(config, gated)
     yield r
+    gated.gate.set()
     r.loop.close()
 
 
-def test_inactive_loop_neither_infers_nor_commands_and_refuses_resume(run):
+def test_inactive_loop_neither_infers_nor_commands_and_refuses_resume(run, gated):
+    gated.gate.set()  # an inference, if one wrongly started, would finish and command
     run.loop.prompt(String(data="reach the red block"))
     run.send()
     run.loop.tick()
@@ -102,12 +125,15 @@ def test_inactive_loop_neither_infers_nor_commands_and_refuses_resume(run):
     assert not run.chunks and not run.commands
 
 
-def test_active_loop_turns_inputs_into_a_chunk_then_commands(run):
+def test_active_loop_turns_inputs_into_a_chunk_then_commands(run, gated):
     run.loop.prompt(String(data="reach the red block"))
     run.loop.activate()
     run.send()
-    run.loop.tick()  # starts the first inference
+    run.loop.tick()  # starts the first inference (held at the gate)
     assert run.loop.executor.inflight_since == run.clock()
+    run.loop.tick()
+    assert not run.commands  # nothing to command before the first chunk
+    gated.gate.set()
     assert run.wait_for(lambda: run.chunks)
     chunk = run.chunks[0]
     assert chunk.chunk_id == 0 and chunk.actions.shape[1] == 3 and chunk.inference_s > 0
@@ -129,7 +155,7 @@ def test_active_loop_turns_inputs_into_a_chunk_then_commands(run):
     assert len(run.commands) == 5
 
 
-def test_rejected_frames_are_counted_and_named_in_the_stale_reason(run):
+def test_rejected_frames_are_counted_and_named_in_the_stale_reason(run, gated):
     run.loop.prompt(String(data="reach the red block"))
     run.loop.activate()
     run.send(encoding="16UC1")
@@ -145,7 +171,9 @@ def test_rejected_frames_are_counted_and_named_in_the_stale_reason(run):
     # Good frames again: the gate opens and inference starts.
     run.send()
     run.loop.tick()
-    assert run.loop.executor.state is not ExecState.STALE_INPUT and run.loop.executor.inflight_since is not None
+    assert run.loop.executor.state is not ExecState.STALE_INPUT and run.loop.executor.inflight_since == run.clock()
+    gated.gate.set()
+    assert run.wait_for(lambda: run.chunks)
 
 
 def test_counters_stay_exact_under_concurrent_updates():

@@ -191,7 +191,8 @@ class PolicyNode(LifecycleNode):
 
     def _publish_chunk(self, chunk: Chunk) -> None:
         pub, policy = self._chunk_pub, self.policy
-        if pub is not None and policy is not None:
+        # An inference still running at shutdown finishes after the context is gone: nothing left to tell.
+        if pub is not None and policy is not None and self.context.ok():
             joints, backend = self.config.robot.joint_names, policy.metadata.backend
             c = chunk
             pub.publish(messages.action_chunk(c.chunk_id, joints, c.actions, c.stamp, c.dt, c.inference_s, backend))
