@@ -121,10 +121,32 @@ def attention_rows(runs: int) -> dict[str, Any]:
     return rows
 
 
+def _qlinear_once(linear: nn.Linear, x: torch.Tensor) -> float:
+    """oneDNN's qlinear where the product skips it (AMD): one call after one warm-up, as it is far too slow there
+    for rounds."""
+    layer = forced_qlinear(linear)
+    layer(x)
+    start = time.perf_counter()
+    layer(x)
+    return round((time.perf_counter() - start) * 1e3, 1)
+
+
+def forced_qlinear(linear: nn.Linear) -> nn.Module:
+    """An Int8Linear forced onto oneDNN's qlinear (what `int8_kernel: onednn` ran before `qlinear_pays`)."""
+    from omni_ros.policy.precision.int8_linear import Int8Linear
+
+    layer = Int8Linear(linear)
+    qweight = layer.qweight
+    layer.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
+    layer.zero_points = torch.zeros(layer.out_features, dtype=torch.long)
+    layer.kernel = "onednn"
+    return layer
+
+
 def int8_rows(runs: int) -> dict[str, Any]:
     from omni_ros.cpu_features import detect
     from omni_ros.policy.precision.bf16_linear import Bf16Linear
-    from omni_ros.policy.precision.int8_linear import Int8Linear, qlinear_available
+    from omni_ros.policy.precision.int8_linear import Int8Linear, qlinear_available, qlinear_pays
 
     # Without an int8 dot product the product runs its emulation (what `apply_precision` picks there).
     native = bool(detect().int8_dot)
@@ -141,6 +163,8 @@ def int8_rows(runs: int) -> dict[str, Any]:
         with torch.inference_mode():
             row: dict[str, Any] = {"m_k_n": [m, k, n], "int8_kernel": layers["int8_onednn_ms"].kernel}
             row.update(_alternating_ms({key: partial(layer, x) for key, layer in layers.items()}, runs))
+            if native and qlinear_available() and not qlinear_pays():
+                row["onednn_qlinear_one_call_ms"] = _qlinear_once(linear, x)
         rows[name] = row
     return rows
 
