@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +108,24 @@ def configure(policy: Any = None, *, wait_policy: str | None = None, num_threads
         else:
             os.environ[NUM_THREADS_ENV] = str(num_threads)
     return current()
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads at `n` for a block, restored after (0: unchanged). For a stage whose GEMMs run on
+    another pool (XNNPACK's) and whose own torch ops are too small to share: with passive waiting, each parallel
+    region of a second torch thread costs a wake-up that a small op does not repay."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n <= 0 or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _warn_once(message: str) -> None:

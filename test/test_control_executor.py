@@ -68,12 +68,48 @@ def test_without_latency_compensation_the_chunk_starts_on_arrival():
     np.testing.assert_allclose(executor.tick(10.1).positions, actions[0])
 
 
-def test_a_chunk_older_than_its_horizon_is_refused():
-    executor = make()
+def test_a_chunk_older_than_its_horizon_is_refused_without_run_late_chunks():
+    executor = make(run_late_chunks=False)
     report = executor.add_chunk(chunk_at(0.0, horizon=10), stamp=0.0, dt=DT, now=0.5)
     assert not report.accepted and "past its end" in report.reason
     assert executor.state is ExecState.IDLE
     assert not executor.tick(0.5).publish
+
+
+def test_a_late_chunk_runs_from_its_arrival_when_the_robot_held_still_since_its_observation():
+    # A policy slower than its chunks: observed at rest at 0.0, answered at 0.5, after the chunk's last action
+    # (0.18). Nothing moved the robot since, so the chunk is what a synchronous policy would run now.
+    executor = make()
+    actions = np.arange(20, dtype=np.float64).reshape(10, 2)
+    report = executor.add_chunk(actions, stamp=0.0, dt=DT, now=0.5)
+    assert report.accepted and report.skipped == 0 and executor.stats.late_chunks_run == 1
+    np.testing.assert_allclose(executor.tick(0.5).positions, actions[0])
+    np.testing.assert_allclose(executor.tick(0.5 + 3 * DT).positions, actions[3])
+    # The next one is observed after this plan's last action (at rest again): also run on arrival.
+    end = 0.5 + 9 * DT
+    assert executor.add_chunk(actions + 1, stamp=end + 0.01, dt=DT, now=end + 0.6).accepted
+    np.testing.assert_allclose(executor.tick(end + 0.6).positions, actions[0] + 1)
+    assert executor.stats.late_chunks_run == 2
+
+
+def test_a_late_chunk_observed_while_the_robot_moved_is_refused():
+    executor = make()
+    executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)  # executes until 0.98
+    report = executor.add_chunk(chunk_at(0.5, horizon=10), stamp=0.5, dt=DT, now=1.2)
+    assert not report.accepted and "past its end" in report.reason and executor.stats.late_chunks_run == 0
+
+
+def test_no_prefetch_while_inference_takes_longer_than_a_chunk():
+    # Measured latency 0.5 s against chunks of 10 x 0.02 s: a prefetched answer would arrive after the plan ends and
+    # be dropped, so the next inference starts when the plan is done (from the robot at rest).
+    executor = make(prefetch_threshold=1.0)
+    executor.request_started(0.0)
+    executor.add_chunk(chunk_at(0.0, horizon=10), stamp=0.0, dt=DT, now=0.5)  # runs 0.50 .. 0.68
+    assert not executor.should_request(0.52) and not executor.should_request(0.66)
+    assert executor.should_request(0.70)
+    fast = make(prefetch_threshold=1.0)
+    fast.add_chunk(chunk_at(0.0, horizon=10), stamp=0.0, dt=DT, now=0.05)
+    assert fast.should_request(0.06)  # in-time chunks: prefetch as configured
 
 
 def test_latency_compensated_switch_is_smooth_and_uncompensated_one_jumps():

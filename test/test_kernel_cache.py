@@ -27,9 +27,9 @@ def builds(monkeypatch):
     calls = []
     real = xnnpack_linears._write_program
 
-    def counted(linears, folder, grouping):
+    def counted(linears, folder, *args):
         calls.append(folder)
-        return real(linears, folder, grouping)
+        return real(linears, folder, *args)
 
     monkeypatch.setattr(xnnpack_linears, "_write_program", counted)
     monkeypatch.setattr(cpu_features, "detect", lambda: VNNI)
@@ -96,7 +96,7 @@ def test_a_corrupt_program_is_rebuilt_with_a_warning(tmp_path, builds, caplog):
 def test_a_build_cut_short_leaves_no_entry(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_features, "detect", lambda: VNNI)
 
-    def broken(linears, folder, grouping):
+    def broken(linears, folder, *args):
         (folder / "linears.pte").write_bytes(b"half a program")
         raise KeyboardInterrupt
 

@@ -102,6 +102,11 @@ class ControlConfig:
     rtc: RtcConfig = field(default_factory=RtcConfig)
     # Anchor each chunk at its observation stamp, skipping the actions whose time passed during inference.
     latency_compensation: bool = True
+    # A policy slower than its chunks (every action of a chunk due before the chunk arrives): run such a chunk
+    # from its arrival when the robot held still since its observation (what a synchronous policy does: move,
+    # stop, think, move), and stop prefetching while inference takes longer than a chunk (a prefetched answer
+    # would be late and dropped). false: late chunks are dropped and the robot holds until one is in time.
+    run_late_chunks: bool = True
     # Joint position limits in robot units; empty -> none, one value -> every joint.
     position_lower: list[float] = field(default_factory=list)
     position_upper: list[float] = field(default_factory=list)

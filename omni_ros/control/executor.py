@@ -11,7 +11,11 @@ The policy node owns one and drives it from three places:
 
 Times are seconds on one clock (ROS time in the node). A chunk answering an
 observation stamped t0 has action i at t0 + i * dt; when it arrives at t1 the
-actions before t1 are skipped (latency compensation).
+actions before t1 are skipped (latency compensation). A policy slower than its
+chunks (`run_late_chunks`) runs synchronously: a chunk whose every action is
+past runs from its arrival when the robot held still since its observation (the
+observation still shows where the robot is), and no inference is prefetched
+while the measured latency exceeds a chunk (its answer would come too late).
 
 Real-time chunking (`blending: rtc`): right after `request_started`, the caller asks
 `rtc_request(stamp)` for what the policy needs to continue the plan (the plan at the
@@ -101,6 +105,9 @@ class ExecutorStats:
     chunks_accepted: int = 0
     chunks_rejected: int = 0
     skipped_actions: int = 0
+    # Chunks that arrived after their last action, run from their arrival (the robot held still since their
+    # observation: run_late_chunks).
+    late_chunks_run: int = 0
     commands_computed: int = 0
     commands_published: int = 0
     commands_clamped: int = 0
@@ -198,16 +205,26 @@ class ActionChunkExecutor:
                 return self._reject(chunk_id, f"not running ({self.state.value}); chunk dropped", hold=False)
             start = stamp if self.config.latency_compensation else now
             chunk = ChunkTrajectory(arr, start, dt, chunk_id)
-            # Actions scheduled before now are skipped; the one due now is the current target.
-            skipped = min(chunk.horizon, max(0, math.ceil((now - start) / dt - 1e-9)))
             if now >= chunk.end + dt:
-                late = now - stamp
-                return self._reject(chunk_id, f"chunk arrived {late:.3f} s after its observation, past its end", False)
+                if not (self.config.run_late_chunks and self._still_since(stamp)):
+                    late = f"chunk arrived {now - stamp:.3f} s after its observation, past its end"
+                    return self._reject(chunk_id, late, False)
+                # The robot held still since the observation: the chunk is what a synchronous policy would run now.
+                chunk = ChunkTrajectory(arr, now, dt, chunk_id)
+                self.stats.late_chunks_run += 1
+                continued = None
+            # Actions scheduled before now are skipped; the one due now is the current target.
+            skipped = min(chunk.horizon, max(0, math.ceil((now - chunk.start) / dt - 1e-9)))
             self._traj = self._blend_in(chunk, now, continued)
             self._newest = chunk
             self.stats.chunks_accepted += 1
             self.stats.skipped_actions += skipped
             return ChunkReport(True, chunk_id, skipped)
+
+    def _still_since(self, stamp: float) -> bool:
+        """Whether nothing moved the robot after `stamp`: no plan (start-up, or dropped by a stop, after which the
+        robot holds), or a plan whose last action was due by then (it has held that action since)."""
+        return self._traj is None or self._newest is None or self._newest.end <= stamp + 1e-9
 
     def _blend_in(
         self, chunk: ChunkTrajectory, now: float, continued: tuple[int | None, float, int] | None = None
@@ -255,7 +272,15 @@ class ActionChunkExecutor:
             if self._newest is None or self._traj is None:
                 return True
             left = self._newest.remaining(now)
-            return left < self.config.prefetch_threshold * self._newest.horizon or left == 0
+            if left == 0:
+                return True
+            if self.config.run_late_chunks and self._slower_than_a_chunk(self._newest):
+                return False  # a prefetched answer would arrive after this plan ends, and be dropped
+            return left < self.config.prefetch_threshold * self._newest.horizon
+
+    def _slower_than_a_chunk(self, chunk: ChunkTrajectory) -> bool:
+        """Every recent inference took longer than `chunk` takes to execute."""
+        return bool(self._latencies) and min(self._latencies) > chunk.horizon * chunk.dt
 
     def request_started(self, now: float) -> int:
         """An inference started at `now`; returns its id for `add_chunk` / `request_failed`."""

@@ -20,6 +20,7 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
+from omni_ros.cpu_threads import torch_threads
 from omni_ros.errors import OmniRosError
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import Sampled, StageClock
@@ -154,10 +155,11 @@ class TorchRunner:
             cache = model.prefill(prefix, prefix_mask)
             clock.lap("prefill_ms")
             if rtc is None or rtc.target is None:
-                chunk = euler_sample(
-                    velocity, noise.float(), num_steps, getattr(getattr(model, "cfg", None), "euler_time", "exact")
-                )
-            else:
+                with torch_threads(self.applied.step_threads):
+                    chunk = euler_sample(
+                        velocity, noise.float(), num_steps, getattr(getattr(model, "cfg", None), "euler_time", "exact")
+                    )
+            else:  # guided steps differentiate through float products: the threads stay as set
                 clean = getattr(getattr(model, "cfg", None), "rtc_max_delay", 0) > 0
                 chunk = rtc_sample(velocity, noise.float(), num_steps, rtc.target.float(), rtc.request, clean)
             actions = chunk.detach().cpu().numpy()

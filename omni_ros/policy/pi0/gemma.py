@@ -57,6 +57,7 @@ class GatedMLP(nn.Module):
     export_form = False
     shared_input_linears = (("gate_proj", "up_proj"),)  # linears that read the same tensor (precision kernels)
     mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
+    mlp_linears = ("gate_proj", "up_proj", "down_proj")  # the MLP's first, up and down linears (precision kernels)
 
     def __init__(self, width: int, hidden: int, approximate: str = "none") -> None:
         super().__init__()

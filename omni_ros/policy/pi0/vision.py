@@ -27,6 +27,7 @@ class VitBlock(nn.Module):
     export_form = False
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
     mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
+    mlp_linears = ("fc1", None, "fc2")  # the MLP's first, up and down linears (precision kernels)
     attention_only_outputs = ("qkv",)  # linears whose output nothing but the attention kernel reads
 
     def __init__(self, cfg: VitShape, approximate: str = "none") -> None:

@@ -54,7 +54,14 @@ class AppliedPrecision:
     linears: int
     cache: Path | None = None
     attention: str = "fp32"  # the attention kernel's dtype (bf16 where the CPU has the instructions)
-    fused_mlps: int = 0  # MLPs whose activation runs as a post-op of the bf16 products (fused_mlp.py)
+    # MLPs run as one kernel: the activation a post-op of the bf16 products (fused_mlp.py), or one XNNPACK
+    # method for the whole int8 MLP (xnnpack_mlp.py)
+    fused_mlps: int = 0
+    # torch's intra-op threads during the denoising steps (0: as set). With XNNPACK running the GEMMs on its own
+    # pool, a step's torch ops (norms, rotary, attention over a 50-row suffix) are too small to share: a full-size
+    # SmolVLA's 10 steps took 486 ms at one torch thread against 585 ms at two (two XNNPACK threads both times,
+    # AMD EPYC with AVX-512 VNNI, alternating rounds in one process; docs/precision.md).
+    step_threads: int = 0
 
 
 # The layers between the model and the robot's numbers (state in, actions in and out, the flow time's MLP) stay
@@ -122,18 +129,27 @@ def apply_precision(
 
     count = swap_linears(model, make)
     folder = None
+    fused = 0
     if kept:
         from omni_ros.cpu_features import detect
         from omni_ros.policy.precision.kernel_cache import cache_root
         from omni_ros.policy.precision.xnnpack_linears import attach_xnnpack, groups
+        from omni_ros.policy.precision.xnnpack_mlp import mlp_specs, use_xnnpack_mlps
 
         root = cache_root(str(cache_dir) if cache_dir else None)
         threads = num_threads or torch.get_num_threads()
-        grouping = groups(model, list(kept), {name: linear.in_features for name, (linear, _) in kept.items()})
+        # Each MLP is one method; the other linears are grouped by the input they read.
+        mlps = mlp_specs(model, set(kept))
+        in_mlps = {name for spec in mlps for name in spec.linears}
+        rest = [name for name in kept if name not in in_mlps]
+        grouping = groups(model, rest, {name: kept[name][0].in_features for name in rest})
         folder = attach_xnnpack(
-            kept, grouping=grouping, cache_root=root, label=label, cpu=detect(), num_threads=threads
+            kept, grouping=grouping, mlps=mlps, cache_root=root, label=label, cpu=detect(), num_threads=threads
         )
-    return AppliedPrecision(choice, count, folder, attention=_attention(model))
+        fused = use_xnnpack_mlps(model, mlps)
+    return AppliedPrecision(
+        choice, count, folder, attention=_attention(model), fused_mlps=fused, step_threads=1 if kept else 0
+    )
 
 
 def _fused_mlps(model: nn.Module) -> int:

@@ -101,6 +101,8 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         # Set by the XNNPACK builder: input tensor -> this layer's output rows (M, out), from an ExecuTorch method.
         self.xnnpack: Any = None
+        # Set by the XNNPACK builder on an MLP's first linear: the whole MLP's method (xnnpack_mlp.py).
+        self.xnnpack_mlp: Any = None
         self.kernel = "onednn"
         self.packed: Any = None  # oneDNN's reordered int8 weight (native int8 CPUs)
         self.emulated: nn.Module | None = None

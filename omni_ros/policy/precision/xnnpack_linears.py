@@ -13,6 +13,9 @@ projection. Per output channel weights and per token activations make the stacke
 numbers. Each member slices its columns from the group's output, which is kept for the very input tensor that
 produced it (as SharedInput does), so a member called with another tensor runs the method again: never wrong.
 
+A module's whole MLP (first, up, down and the activation between them) is one method too, where the module
+declares its linears (xnnpack_mlp.py): the hidden activation never leaves XNNPACK.
+
 Each method takes up to `ROWS` rows (its memory is planned for that bound: a method per linear, each planned
 for a vision tower's 1024 rows, would hold gigabytes); longer inputs go through it in slices.
 """
@@ -31,6 +34,7 @@ from torch import nn
 from omni_ros.cpu_features import CpuFeatures
 from omni_ros.policy.precision.int8_linear import Int8Linear
 from omni_ros.policy.precision.kernel_cache import CacheEntry, tensors_hash
+from omni_ros.policy.precision.xnnpack_mlp import MlpSpec, float_mlp
 
 logger = logging.getLogger("omni_ros.policy")
 ROWS = 128
@@ -131,8 +135,11 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _write_program(linears: dict[str, nn.Linear], folder: Path, grouping: list[list[str]]) -> dict[str, Any]:
-    """Quantize, export and lower every group of linears as method `linear_<i>` of one program in `folder`."""
+def _write_program(
+    linears: dict[str, nn.Linear], folder: Path, grouping: list[list[str]], mlps: list[MlpSpec] | None = None
+) -> dict[str, Any]:
+    """Quantize, export and lower every group of linears as method `linear_<i>`, and every MLP as method
+    `mlp_<j>`, of one program in `folder`."""
     import copy
 
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -142,22 +149,30 @@ def _write_program(linears: dict[str, nn.Linear], folder: Path, grouping: list[l
     from omni_ros.policy.quantize import quantize_model
 
     start = time.perf_counter()
-    programs = {}
-    rows = torch.export.Dim("rows", min=1, max=ROWS)
+    mlps = mlps or []
+    modules: dict[str, tuple[nn.Module, int]] = {}
     for i, members in enumerate(grouping):
         linear = stacked([copy.deepcopy(linears[name]).float() for name in members])
-        one = quantize_model(_One(linear).eval(), "int8-dynamic")
-        example = (torch.randn(min(8, ROWS), linear.in_features),)
+        modules[f"linear_{i}"] = (_One(linear), linear.in_features)
+    for j, spec in enumerate(mlps):
+        copies = {name: copy.deepcopy(linears[name]).float() for name in spec.linears}
+        modules[f"mlp_{j}"] = (float_mlp(spec, copies), copies[spec.first].in_features)
+    programs = {}
+    rows = torch.export.Dim("rows", min=1, max=ROWS)
+    for i, (method, (module, width)) in enumerate(modules.items()):
+        one = quantize_model(module.eval(), "int8-dynamic")
+        example = (torch.randn(min(8, ROWS), width),)
         with torch.no_grad():
-            programs[f"linear_{i}"] = torch.export.export(one, example, dynamic_shapes=({0: rows},))
+            programs[method] = torch.export.export(one, example, dynamic_shapes=({0: rows},))
         if (i + 1) % 50 == 0:
-            logger.info("int8 xnnpack kernels: traced %d / %d methods", i + 1, len(grouping))
+            logger.info("int8 xnnpack kernels: traced %d / %d methods", i + 1, len(modules))
     logger.info("int8 xnnpack kernels: lowering %d methods to XNNPACK (once per checkpoint and CPU)", len(programs))
     with cia_ops_collected_once():
         edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
     (folder / PROGRAM).write_bytes(edge.to_executorch().buffer)
     return {
         "methods": {f"linear_{i}": members for i, members in enumerate(grouping)},
+        "mlps": {f"mlp_{j}": spec.owner for j, spec in enumerate(mlps)},
         "rows": ROWS,
         "versions": _versions(),
         "build_seconds": round(time.perf_counter() - start, 1),
@@ -168,6 +183,7 @@ def attach_xnnpack(
     layers: dict[str, tuple[nn.Linear, Int8Linear]],
     *,
     grouping: list[list[str]] | None = None,
+    mlps: list[MlpSpec] | None = None,
     cache_root: Path,
     label: str,
     cpu: CpuFeatures,
@@ -176,22 +192,34 @@ def attach_xnnpack(
     """Give every `Int8Linear` its XNNPACK method (built and cached on first use); returns the cache folder.
 
     `layers`: module name -> (the float linear it came from, its int8 replacement); `grouping`: the names in
-    groups that read one input (groups(); default: each alone).
+    groups that read one input (groups(); default: each alone) of the linears outside `mlps`, whose MLPs are one
+    method each (the first linear's `xnnpack_mlp`, which the MLP kernel runs: xnnpack_mlp.py).
     """
     from executorch.runtime import Runtime
 
     linears = {name: float_linear for name, (float_linear, _) in layers.items()}
-    grouping = grouping or [[name] for name in linears]
+    mlps = mlps or []
+    in_mlps = {name for spec in mlps for name in spec.linears}
+    grouping = grouping or [[name] for name in linears if name not in in_mlps]
     tensors = ((f"{n}.{p}", t) for n, m in linears.items() for p, t in m.named_parameters())
-    meta = {"rows": ROWS, "recipe": "int8-dynamic", "versions": _versions(), "groups": grouping}
+    meta = {
+        "rows": ROWS,
+        "recipe": "int8-dynamic",
+        "versions": _versions(),
+        "groups": grouping,
+        "mlps": [[spec.owner, *spec.linears, spec.activation] for spec in mlps],
+    }
     weights = tensors_hash(tensors, meta)
     entry = CacheEntry(cache_root, label, weights, cpu)
     manifest = entry.load()
     if manifest is None:
         logger.info(
-            "int8 xnnpack kernels: building %s (%d linears in %d methods)", entry.folder, len(linears), len(grouping)
+            "int8 xnnpack kernels: building %s (%d linears in %d methods)",
+            entry.folder,
+            len(linears),
+            len(grouping) + len(mlps),
         )
-        manifest = entry.build(lambda tmp: _write_program(linears, tmp, grouping))
+        manifest = entry.build(lambda tmp: _write_program(linears, tmp, grouping, mlps))
         logger.info("int8 xnnpack kernels: built in %.0f s", manifest["build_seconds"])
     if num_threads > 0:
         from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
@@ -199,12 +227,20 @@ def attach_xnnpack(
         _unsafe_reset_threadpool(num_threads)
     program = Runtime.get().load_program(entry.folder / PROGRAM)
     lock, recent = threading.Lock(), threading.local()
+    rows = int(manifest["rows"])
     for method, members in manifest["methods"].items():
-        group = XnnpackGroup(program.load_method(method), program, lock, int(manifest["rows"]), recent)
+        group = XnnpackGroup(program.load_method(method), program, lock, rows, recent)
         start = 0
         for name in members:
             layer = layers[name][1]
             layer.xnnpack = XnnpackSlice(group, start, start + layer.out_features)
             layer.kernel = "xnnpack"
             start += layer.out_features
+    owners = {spec.owner: spec for spec in mlps}
+    for method, owner in manifest.get("mlps", {}).items():
+        spec = owners[owner]
+        group = XnnpackGroup(program.load_method(method), program, lock, rows, recent)
+        layers[spec.first][1].xnnpack_mlp = group.output
+        for name in spec.linears:
+            layers[name][1].kernel = "xnnpack (mlp)"
     return entry.folder

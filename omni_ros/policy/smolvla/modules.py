@@ -40,6 +40,7 @@ class LlamaRMSNorm(nn.Module):
 
 class SiluMLP(nn.Module):
     mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
+    mlp_linears = ("gate_proj", "up_proj", "down_proj")  # the MLP's first, up and down linears (precision kernels)
     activation = "silu"
     shared_input_linears = (("gate_proj", "up_proj"),)  # linears that read the same tensor (precision kernels)
 
