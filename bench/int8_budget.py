@@ -1,6 +1,6 @@
 """What share of the int8 target's time budget the GEMMs alone take, from two measured results per model.
 
-    .venv/bin/python bench/int8_budget.py [--out bench/results/int8_budget.json]
+    .venv/bin/python bench/int8_budget.py [--suffix _vnni] [--out bench/results/int8_budget.json]
 
 The target is one inference in 0.4x LeRobot 0.6.1's time. The budget is 0.4 x LeRobot's chunk time at the thread
 count the GEMMs were timed with (bench/results/vs_lerobot.json for the edge-size pi0, smolvla_eager.json (2
@@ -10,7 +10,10 @@ gemm_kernels_smolvla.json). A share above 1 means no kernel here can meet the ta
 
 For the edge-size pi0 it also sets each precision's measured chunk (vs_lerobot.json, same thread count) against
 its own kernel's GEMM floor, stage by stage (the target: the whole chunk within 1.3x of the floor): the stage
-timings of the two files name what dominates above the GEMMs.
+timings of the two files name what dominates above the GEMMs. An int8 row that ran XNNPACK's kernels (its
+precision says "(xnnpack)") is set against XNNPACK's int8 GEMMs, the others against oneDNN's.
+
+`--suffix S` reads the files of another machine's runs (`vs_lerobot_S.json`, `gemm_kernels_pi0_edge_S.json`, ...).
 """
 
 from __future__ import annotations
@@ -49,9 +52,13 @@ def floors(gemm: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
     run = measured["threads"][str(gemm["threads"])]
     out: dict[str, Any] = {}
     for precision, kernel in PRECISION_KERNELS.items():
-        if row_of[precision] not in run or not gemm["inference_gemm_ms"].get(kernel):
+        if row_of[precision] not in run:
             continue
         chunk = run[row_of[precision]]
+        if "(xnnpack)" in str(chunk.get("precision", "")):
+            kernel = "xnnpack_int8"
+        if not gemm["inference_gemm_ms"].get(kernel):
+            continue
         floor = gemm["inference_gemm_ms"][kernel]
         stages = {}
         for stage, (gemm_stage, times) in STAGES.items():
@@ -71,10 +78,15 @@ def floors(gemm: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suffix", default="", help="read the result files named with this suffix (_vnni)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     models: dict[str, Any] = {}
     for name, (gemm_file, lerobot_file, lerobot_ms) in MODELS.items():
+        gemm_file, lerobot_file = (f.replace(".json", f"{args.suffix}.json") for f in (gemm_file, lerobot_file))
+        if not (RESULTS / gemm_file).is_file() or not (RESULTS / lerobot_file).is_file():
+            models[name] = {"skipped": f"bench/results/{gemm_file} or {lerobot_file} is missing"}
+            continue
         gemm = json.loads((RESULTS / gemm_file).read_text())
         lerobot = json.loads((RESULTS / lerobot_file).read_text())
         cpus = {_cpu(gemm), _cpu(lerobot)}

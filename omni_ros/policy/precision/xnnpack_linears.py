@@ -138,6 +138,15 @@ def _versions() -> dict[str, str]:
 def _write_program(
     linears: dict[str, nn.Linear], folder: Path, grouping: list[list[str]], mlps: list[MlpSpec] | None = None
 ) -> dict[str, Any]:
+    """The program of `lower_program`, lowered in a process of its own (xnnpack_build.py says why)."""
+    from omni_ros.policy.precision.xnnpack_build import build_in_subprocess
+
+    return build_in_subprocess(linears, folder, grouping, mlps or [])
+
+
+def lower_program(
+    linears: dict[str, nn.Linear], folder: Path, grouping: list[list[str]], mlps: list[MlpSpec] | None = None
+) -> dict[str, Any]:
     """Quantize, export and lower every group of linears as method `linear_<i>`, and every MLP as method
     `mlp_<j>`, of one program in `folder`."""
     import copy
