@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 import numpy as np
 import pytest
@@ -176,3 +177,21 @@ def test_linears_reading_one_input_are_one_method_with_their_own_numbers(tmp_pat
         assert _rel(grouped(x).numpy(), reference.numpy()) < INT8_REL_L2
         grouped.q(x)  # the group now holds x's output; k asked about y must not answer with it
         torch.testing.assert_close(grouped.k(y), alone.k(y), rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_build_is_one_error_with_the_childs_output_and_leaves_no_entry(tmp_path, monkeypatch):
+    """The kernels are lowered in a child process: when it fails, loading fails with its exit code and the end of
+    its output, the handed-over weights are gone and no cache entry looks complete."""
+    from omni_ros.policy.precision import xnnpack_build
+
+    script = tmp_path / "failing_child.py"
+    script.write_text("import sys\nprint('lowering went wrong here')\nsys.exit(3)\n")
+    # The child is `<python> -m omni_ros.policy.precision.xnnpack_build FOLDER`; this python runs a failing script.
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(xnnpack_build.sys, "executable", str(wrapper))
+    monkeypatch.setattr(cpu_features, "detect", lambda: VNNI)
+    with pytest.raises(xnnpack_build.KernelBuildError, match=r"failed \(exit 3\):\nlowering went wrong here"):
+        _swapped(tmp_path / "cache")
+    assert not list((tmp_path / "cache" / "kernels").iterdir())  # neither an entry nor its temporary folder
