@@ -80,7 +80,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    torch.set_num_threads(args.threads)
+    threads = args.threads[0]  # a worker runs at one thread count
+    torch.set_num_threads(threads)
     if args.worker == "ab":
         mlp, linears = _load(args.checkpoint, args.cache), _load(args.checkpoint, args.cache, mlp_methods=False)
         obs = _observation(mlp.metadata)
@@ -101,7 +102,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
         out["step_threads"] = _alternate({
             f"steps_on_{product.step_threads}_torch_thread": lambda: mlp.infer(obs)["policy_timing"],
-            f"steps_on_{args.threads}_torch_threads": as_set,
+            f"steps_on_{threads}_torch_threads": as_set,
         }, args.rounds)  # fmt: skip
         return out
     # worker "build": the first process's chunks, the kernels lowered here or in a child
