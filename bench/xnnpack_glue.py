@@ -1,6 +1,6 @@
 """What the int8 XNNPACK path does around its GEMMs, each choice against its alternative, side by side.
 
-    .venv/bin/python bench/xnnpack_glue.py --checkpoint DIR [--threads 1 2] [--rounds 5] [--no-build]
+    .venv/bin/python bench/xnnpack_glue.py --checkpoint DIR [--threads 1 2] [--rounds 5] [--no-build | --no-ab]
         [--out bench/results/xnnpack_glue.json]
 
 On a LeRobot checkpoint (bench/vs_lerobot.py's edge pi0 folder, or bench/smolvla.py's), `policy.precision int8`
@@ -9,11 +9,11 @@ with XNNPACK's kernels, for each thread count, in fresh processes:
 - `mlp`: every MLP one XNNPACK method (what the product does) against one method per linear with torch's
   activation between them (`xnnpack_mlp.mlp_specs` turned off): both policies in one process, chunks timed in
   alternating rounds, stage by stage.
-- `step_threads`: the denoising steps on one torch thread (the product) against torch's threads as set, one
-  policy, alternating rounds.
-- `build` (unless --no-build; one thread count): the chunk time of the process that built its kernels, lowering
-  them itself (in process) or in a child (the product), against a fresh process reading the cache they built;
-  each in an empty cache folder.
+- `step_threads`: the denoising steps on one torch thread against torch's threads as set, one policy, alternating
+  rounds (the product times both on its first chunks and keeps the faster: omni_ros.cpu_threads.StepThreads).
+- `build` (unless --no-build; one thread count): the chunk time and peak RSS of the process that built its kernels,
+  lowering them itself (in process) or in a child (the product), against a fresh process reading the cache they
+  built; each in an empty cache folder. `--no-ab` runs only this part.
 
 Medians of --rounds chunks per arm; a random observation (2 cameras at 480x640), the same for every arm.
 """
@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +78,9 @@ def _alternate(arms: dict[str, Any], rounds: int) -> dict[str, dict[str, float]]
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
-    import dataclasses
-
     import torch
+
+    from omni_ros.cpu_threads import StepThreads
 
     threads = args.threads[0]  # a worker runs at one thread count
     torch.set_num_threads(threads)
@@ -91,18 +93,17 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         }, args.rounds)}  # fmt: skip
         del linears
         runner = mlp.runner
-        product = runner.applied
 
-        def as_set() -> dict[str, float]:
-            runner.applied = dataclasses.replace(product, step_threads=0)
-            try:
+        def steps_on(n: int) -> Callable[[], dict[str, float]]:
+            def run() -> dict[str, float]:
+                runner.step_threads = StepThreads((n,))  # the product times both and keeps the faster
                 return mlp.infer(obs)["policy_timing"]
-            finally:
-                runner.applied = product
+
+            return run
 
         out["step_threads"] = _alternate({
-            f"steps_on_{product.step_threads}_torch_thread": lambda: mlp.infer(obs)["policy_timing"],
-            f"steps_on_{threads}_torch_threads": as_set,
+            "steps_on_1_torch_thread": steps_on(1),
+            f"steps_on_{threads}_torch_threads": steps_on(threads),
         }, args.rounds)  # fmt: skip
         return out
     # worker "build": the first process's chunks, the kernels lowered here or in a child
@@ -115,7 +116,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     load_s = time.perf_counter() - start
     obs = _observation(policy.metadata)
     timing = _alternate({"chunk": lambda: policy.infer(obs)["policy_timing"]}, args.rounds)["chunk"]
-    return {"load_s": round(load_s, 1), **timing}
+    # ru_maxrss: this process's own peak (KiB on Linux), a child's lowering not included.
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"load_s": round(load_s, 1), "peak_rss_mb": round(peak_mb), **timing}
 
 
 def run_worker(args: argparse.Namespace, kind: str, threads: int, cache: str) -> dict[str, Any]:
@@ -133,6 +136,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-build", action="store_true", help="skip the in-process / child build comparison")
+    parser.add_argument("--no-ab", action="store_true", help="only the build comparison")
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
@@ -148,7 +152,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="omni_glue_") as tmp:
         shared = str(Path(tmp) / "shared")  # the A/B arms' kernels, built once
         report["threads"] = {}
-        for threads in args.threads:
+        for threads in [] if args.no_ab else args.threads:
             log(f"{threads} thread(s): one method per MLP vs per linear, step threads (builds kernels once) ...")
             report["threads"][str(threads)] = run_worker(args, "ab", threads, shared)
         if not args.no_build:

@@ -21,10 +21,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger("omni_ros.cpu_threads")
 
@@ -126,6 +129,54 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+class StepThreads:
+    """torch's intra-op threads for a loop of equal steps (denoising), chosen by timing them.
+
+    Where the GEMMs run on another pool (XNNPACK's), whether a step's own torch ops (norms, rotary, attention over
+    the cached prefix) are worth a second torch thread depends on the model: on the AMD EPYC with VNNI, one torch
+    thread made a full-size SmolVLA's ten steps 21% faster (497 against 629 ms) and the edge pi0's 12% slower (113
+    against 101 ms), two threads for XNNPACK both times (bench/results/xnnpack_glue_*vnni.json). So the loop tries
+    both: after `warmup` steps, steps alternate between the candidates until each has `samples` timings, then the
+    one with the lower median runs every later step.
+    """
+
+    def __init__(self, candidates: tuple[int, ...], samples: int = 8, warmup: int = 10) -> None:
+        self.candidates = tuple(dict.fromkeys(n for n in candidates if n > 0))
+        self.samples, self.warmup = samples, warmup
+        self.timings: dict[int, list[float]] = {n: [] for n in self.candidates}
+        self.chosen: int | None = self.candidates[0] if len(self.candidates) == 1 else None
+        self._steps = 0
+
+    def next(self) -> int:
+        """The thread count for the next step."""
+        if self.chosen is not None:
+            return self.chosen
+        if self._steps < self.warmup:
+            return self.candidates[-1]
+        return min(self.candidates, key=lambda n: len(self.timings[n]))
+
+    def record(self, threads: int, seconds: float) -> None:
+        """A step ran `seconds` on `threads` threads (from `next()`)."""
+        self._steps += 1
+        if self.chosen is not None or self._steps <= self.warmup:
+            return
+        self.timings[threads].append(seconds)
+        if all(len(t) >= self.samples for t in self.timings.values()):
+            medians = {n: sorted(t)[len(t) // 2] for n, t in self.timings.items()}
+            self.chosen = min(medians, key=medians.__getitem__)
+            summary = ", ".join(f"{medians[n] * 1e3:.1f} ms on {n}" for n in self.candidates)
+            logger.info("denoising steps: %d torch thread(s) (a step took %s)", self.chosen, summary)
+
+    def step(self, run: Callable[[], T]) -> T:
+        """`run()` as one step, on the threads `next()` says, timed."""
+        threads = self.next()
+        with torch_threads(threads):
+            start = time.perf_counter()
+            out = run()
+            self.record(threads, time.perf_counter() - start)
+        return out
 
 
 def _warn_once(message: str) -> None:

@@ -84,3 +84,19 @@ def test_bad_values_are_config_errors(tmp_path):
         load_config(path)
     with pytest.raises(ValueError, match="must be one of"):
         cpu_threads.configure(wait_policy="sleepy")
+
+
+def test_step_threads_are_timed_both_ways_then_the_faster_stays():
+    from omni_ros.cpu_threads import StepThreads
+
+    for fast in (1, 2):
+        chooser = StepThreads((1, 2), samples=3, warmup=2)
+        order = []
+        for _ in range(2 + 2 * 3):
+            n = chooser.next()
+            order.append(n)
+            chooser.record(n, 0.010 if n == fast else 0.013)
+        assert order[:2] == [2, 2]  # warm-up steps: as set (the last candidate), not timed
+        assert sorted(order[2:]) == [1, 1, 1, 2, 2, 2] and chooser.chosen == fast
+        assert [chooser.next() for _ in range(3)] == [fast] * 3
+    assert StepThreads((2,)).chosen == 2  # one candidate: nothing to time

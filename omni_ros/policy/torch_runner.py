@@ -20,7 +20,7 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
-from omni_ros.cpu_threads import torch_threads
+from omni_ros.cpu_threads import StepThreads
 from omni_ros.errors import OmniRosError
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import Sampled, StageClock
@@ -126,6 +126,9 @@ class TorchRunner:
         self.applied = apply_precision(self.model, choice, cpu_linear=cpu_linear, cache_dir=cache_dir, label=label)
         self.precision = choice.describe()
         self.packed_linears = self.applied.linears if choice.precision == "fp32" else 0
+        # torch's threads during the denoising steps, timed both ways where XNNPACK runs the GEMMs (cpu_threads.py).
+        threads = torch.get_num_threads()
+        self.step_threads = StepThreads((1, threads)) if self.applied.time_step_threads and threads > 1 else None
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -141,12 +144,18 @@ class TorchRunner:
         # nn.Module types its attributes as Tensor | Module; the model's stages are methods.
         model, dtype = cast(StagedModel, self.model), self.dtype
 
-        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        def step(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             # The Euler state stays float32 (as the reference keeps it): a bfloat16 model sees bfloat16 inputs,
             # but ten steps of bfloat16 accumulation would cost the chunk its precision.
             return model.denoise_step(cache, prefix_mask, inputs.state, x.to(dtype), t.to(dtype)).float()
 
         guided = rtc is not None and rtc.request.method == "guided"
+        # Guided steps differentiate through float products: their threads stay as set, and out of the timing.
+        timed = None if guided else self.step_threads
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return step(x, t) if timed is None else timed.step(lambda: step(x, t))
+
         with torch.no_grad() if guided else torch.inference_mode():
             clock = StageClock(self._sync)
             inputs = compact(inputs) if self.compact else inputs
@@ -155,11 +164,10 @@ class TorchRunner:
             cache = model.prefill(prefix, prefix_mask)
             clock.lap("prefill_ms")
             if rtc is None or rtc.target is None:
-                with torch_threads(self.applied.step_threads):
-                    chunk = euler_sample(
-                        velocity, noise.float(), num_steps, getattr(getattr(model, "cfg", None), "euler_time", "exact")
-                    )
-            else:  # guided steps differentiate through float products: the threads stay as set
+                chunk = euler_sample(
+                    velocity, noise.float(), num_steps, getattr(getattr(model, "cfg", None), "euler_time", "exact")
+                )
+            else:
                 clean = getattr(getattr(model, "cfg", None), "rtc_max_delay", 0) > 0
                 chunk = rtc_sample(velocity, noise.float(), num_steps, rtc.target.float(), rtc.request, clean)
             actions = chunk.detach().cpu().numpy()

@@ -57,11 +57,9 @@ class AppliedPrecision:
     # MLPs run as one kernel: the activation a post-op of the bf16 products (fused_mlp.py), or one XNNPACK
     # method for the whole int8 MLP (xnnpack_mlp.py)
     fused_mlps: int = 0
-    # torch's intra-op threads during the denoising steps (0: as set). With XNNPACK running the GEMMs on its own
-    # pool, a step's torch ops (norms, rotary, attention over a 50-row suffix) are too small to share: a full-size
-    # SmolVLA's 10 steps took 486 ms at one torch thread against 585 ms at two (two XNNPACK threads both times,
-    # AMD EPYC with AVX-512 VNNI, alternating rounds in one process; docs/precision.md).
-    step_threads: int = 0
+    # The GEMMs run on XNNPACK's own pool: torch's threads during the denoising steps are then chosen by timing
+    # the steps both ways (omni_ros.cpu_threads.StepThreads says why); otherwise they stay as set.
+    time_step_threads: bool = False
 
 
 # The layers between the model and the robot's numbers (state in, actions in and out, the flow time's MLP) stay
@@ -148,7 +146,7 @@ def apply_precision(
         )
         fused = use_xnnpack_mlps(model, mlps)
     return AppliedPrecision(
-        choice, count, folder, attention=_attention(model), fused_mlps=fused, step_threads=1 if kept else 0
+        choice, count, folder, attention=_attention(model), fused_mlps=fused, time_step_threads=bool(kept)
     )
 
 
