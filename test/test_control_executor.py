@@ -99,6 +99,22 @@ def test_a_late_chunk_observed_while_the_robot_moved_is_refused():
     assert not report.accepted and "past its end" in report.reason and executor.stats.late_chunks_run == 0
 
 
+def test_an_observation_answered_too_late_is_not_asked_again():
+    # Its answer can only come later still: the loop waits for a newer observation instead of spinning on it.
+    executor = make()
+    assert not executor.answered_late(0.5)
+    executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)  # executes until 0.98
+    assert not executor.add_chunk(chunk_at(0.5, horizon=10), stamp=0.5, dt=DT, now=1.2).accepted
+    assert executor.answered_late(0.5) and executor.answered_late(0.3)
+    assert not executor.answered_late(0.52)  # a newer observation is worth an inference
+    # A refused chunk never moves the late mark back; a dropped plan (here a reset) forgets it: a late chunk
+    # would now run from its arrival.
+    assert not executor.add_chunk(chunk_at(0.4, horizon=10), stamp=0.4, dt=DT, now=1.2).accepted
+    assert executor.answered_late(0.5)
+    executor.reset_plan()
+    assert not executor.answered_late(0.5)
+
+
 def test_no_prefetch_while_inference_takes_longer_than_a_chunk():
     # Measured latency 0.5 s against chunks of 10 x 0.02 s: a prefetched answer would arrive after the plan ends and
     # be dropped, so the next inference starts when the plan is done (from the robot at rest).

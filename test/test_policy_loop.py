@@ -246,3 +246,43 @@ def test_with_rtc_blending_the_second_inference_continues_the_first_chunk(config
         assert second.method == cfg.control.rtc.method and second.inference_delay >= 0
     finally:
         r.loop.close()
+
+
+def test_an_observation_answered_too_late_waits_for_a_newer_one(config, gated):
+    # The inputs stop updating (a starved robot process) while the answer to the latest observation came back past
+    # its chunk's end: asking again on that observation would only answer it later still, in a loop that takes the
+    # CPU from the robot. The loop waits for a newer observation.
+    import dataclasses
+
+    control = dataclasses.replace(config.control, prefetch_threshold=1.0, camera_stale_s=30.0, state_stale_s=30.0)
+    r = Run(dataclasses.replace(config, control=control), gated)
+    try:
+        r.loop.prompt(String(data="reach the red block"))
+        r.loop.activate()
+        r.send()
+        gated.gate.set()
+        r.loop.tick()
+        assert r.wait_for(lambda: len(r.chunks) == 1)
+        horizon, dt = r.chunks[0].actions.shape[0], gated.metadata.action_dt
+        gated.gate.clear()
+        r.clock.t += dt  # one action later the prefetch asks about a new observation (held at the gate)
+        r.send()
+        r.loop.tick()
+        observed = r.clock()
+        assert r.loop.executor.inflight_since == observed
+        r.clock.t = observed + (horizon + 2) * dt  # it answers after its own last action: dropped
+        gated.gate.set()
+        assert r.wait_for(lambda: len(r.chunks) == 2)
+        assert r.loop.executor.stats.chunks_rejected == 1 and "past its end" in r.loop.executor.stats.last_reject_reason
+        for _ in range(5):  # no newer observation: no inference
+            r.loop.tick()
+            r.clock.t += dt
+        time.sleep(0.2)
+        assert r.loop.executor.inflight_since is None and len(r.chunks) == 2
+        r.send()  # a newer observation: asked at once
+        r.loop.tick()
+        assert r.loop.executor.inflight_since == r.clock()
+        assert r.wait_for(lambda: len(r.chunks) == 3)
+    finally:
+        gated.gate.set()
+        r.loop.close()

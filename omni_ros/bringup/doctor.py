@@ -125,6 +125,11 @@ def observe(
         grace = time.monotonic() + STALE_GRACE_S
         while stale() and time.monotonic() < grace:
             executor.spin_once(timeout_sec=0.02)
+        # The command side is discovered like the inputs, as late on a busy machine (CI once saw an action server
+        # created 3 s earlier still undiscovered): a controller that looks missing gets discovery_s to appear.
+        grace = time.monotonic() + discovery_s
+        while not config.robot.dry_run and _controller_missing(node, config) and time.monotonic() < grace:
+            executor.spin_once(timeout_sec=0.05)
         now = clock()
         checks = [_camera(node, c.name, c.topic, c.compressed, seen.get(c.topic), now, config) for c in topics.cameras]
         checks.append(_joints(node, seen.get(topics.joint_states), now, config))
@@ -205,6 +210,18 @@ def _prompt_qos(node: Any, topic: str) -> list[Check]:
         "publish it with durability transient_local"
     )
     return [Check("prompt", topic, problem, f"publishers {len(infos)} volatile")]
+
+
+def _controller_missing(node: Any, config: OmniConfig) -> bool:
+    """Whether a command output has nothing on its other end (yet: discovery may still be under way)."""
+    interface = config.robot.command_interface
+    if interface == "follow_joint_trajectory":
+        action = config.control.follow_joint_trajectory.action
+        if not dict(node.get_service_names_and_types()).get(f"{action}/_action/send_goal"):
+            return True
+    topics = [config.control.command_topic] if interface == "joint_trajectory" else []
+    topics += [config.topics.forward_command] if config.topics.forward_command else []
+    return any(node.count_subscribers(t) == 0 for t in topics)
 
 
 def _outputs(node: Any, config: OmniConfig, notes: list[str]) -> list[Check]:

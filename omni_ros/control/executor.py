@@ -156,6 +156,9 @@ class ActionChunkExecutor:
         # chunk in flight was asked to continue with.
         self._latencies: collections.deque[float] = collections.deque(maxlen=config.rtc.latency_window)
         self._rtc_pending: tuple[int | None, float, int] | None = None
+        # The newest observation stamp whose chunk came back past its end while the plan moved the robot: its
+        # observation can only be answered later still (answered_late).
+        self._late_stamp: float | None = None
 
     # ----- inputs -------------------------------------------------------------------------------------------
 
@@ -208,6 +211,7 @@ class ActionChunkExecutor:
             if now >= chunk.end + dt:
                 if not (self.config.run_late_chunks and self._still_since(stamp)):
                     late = f"chunk arrived {now - stamp:.3f} s after its observation, past its end"
+                    self._late_stamp = stamp if self._late_stamp is None else max(self._late_stamp, stamp)
                     return self._reject(chunk_id, late, False)
                 # The robot held still since the observation: the chunk is what a synchronous policy would run now.
                 chunk = ChunkTrajectory(arr, now, dt, chunk_id)
@@ -277,6 +281,17 @@ class ActionChunkExecutor:
             if self.config.run_late_chunks and self._slower_than_a_chunk(self._newest):
                 return False  # a prefetched answer would arrive after this plan ends, and be dropped
             return left < self.config.prefetch_threshold * self._newest.horizon
+
+    def answered_late(self, stamp: float) -> bool:
+        """Whether the observation stamped `stamp` (or a newer one) was already answered past its chunk's end.
+
+        Asking again would only answer it later still, and the busy loop of such requests takes the CPU from the
+        processes that publish the next observation (on 2 shared cores it starved a robot's joint states): wait
+        for a newer observation instead. A dropped plan (stop, reset, refused chunk) forgets this, since a late
+        chunk then runs from its arrival.
+        """
+        with self._lock:
+            return self._late_stamp is not None and stamp <= self._late_stamp
 
     def _slower_than_a_chunk(self, chunk: ChunkTrajectory) -> bool:
         """Every recent inference took longer than `chunk` takes to execute."""
@@ -408,6 +423,7 @@ class ActionChunkExecutor:
         self._ensemble = None
         self._newest = None
         self._rtc_pending = None
+        self._late_stamp = None
 
     def _base_position(self) -> np.ndarray | None:
         return self._last_command if self._last_command is not None else self._measured

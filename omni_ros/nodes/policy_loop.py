@@ -304,6 +304,8 @@ class PolicyLoop:
         except StaleInput as exc:
             self.executor.set_stale(True, self.feed.explain(exc.problem))
             return
+        if self.executor.answered_late(assembled.stamp):
+            return  # that observation already came back too late: wait for a newer one
         request_id = self.executor.request_started(now)
         # blending rtc: what the policy needs to continue the plan from this observation (None otherwise).
         rtc = self.executor.rtc_request(assembled.stamp)

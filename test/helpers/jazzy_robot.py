@@ -1,11 +1,12 @@
 """A robot process built only from the ROS 2 Jazzy wheels (run with .venv-jazzy/bin/python, never the product
 venv; it imports nothing of omni_ros): publishes two 240x320 rgb8 cameras at 15 Hz, joint states at 50 Hz (at
 the latest commanded position) and a latched prompt, and records the trajectory_msgs/JointTrajectory commands it
-receives. After `--seconds` of commands (longer, up to `--max-seconds`, until the commands' stamps span `--span`
-seconds: a node stalled for a moment by a busy machine resumes its stream), or `--timeout` without any, it prints
-one JSON line and exits:
+receives. After `--seconds` of commands (longer, up to `--max-seconds`, until it holds `--min-commands` whose
+stamps span `--span` seconds: a node stalled by a busy machine resumes its stream), or `--timeout` without any, it
+prints one JSON line and exits:
 
     {"rclpy": path, "commands": n, "rate_hz": rate by the commands' header stamps, "span_s": first to last stamp,
+     "stamp_bins": distinct 0.1 s intervals holding a stamp (a burst fills one or two, a stream many),
      "joint_names": [...] (each distinct list seen), "points": [...] (point counts seen), "finite": bool}
 """
 
@@ -31,7 +32,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0, help="how long to record commands")
     parser.add_argument("--span", type=float, default=0.0, help="keep recording until the stamps span this long")
-    parser.add_argument("--max-seconds", type=float, default=0.0, help="the longest recording when --span asks more")
+    parser.add_argument("--min-commands", type=int, default=0, help="keep recording until this many commands")
+    parser.add_argument(
+        "--max-seconds", type=float, default=0.0, help="the longest recording when --span or --min-commands ask more"
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="give up without a first command")
     args = parser.parse_args()
     rclpy.init()
@@ -82,7 +86,10 @@ def main() -> None:
         stamps = [m.header.stamp.sec + m.header.stamp.nanosec * 1e-9 for m in received[first:]]
         return max(stamps) - min(stamps) if len(stamps) > 1 else 0.0
 
-    while received and (time.monotonic() < end or (span_s() < args.span and time.monotonic() < limit)):
+    def enough() -> bool:
+        return span_s() >= args.span and len(received) - first >= args.min_commands
+
+    while received and (time.monotonic() < end or (not enough() and time.monotonic() < limit)):
         executor.spin_once(timeout_sec=0.01)
     window = received[first:]
     stamps = [m.header.stamp.sec + m.header.stamp.nanosec * 1e-9 for m in window]
@@ -93,6 +100,7 @@ def main() -> None:
         # Rate by the node's own stamps (when each command was sent), counting only those that arrived here.
         "rate_hz": (len(stamps) - 1) / span if span > 0 else 0.0,
         "span_s": span,
+        "stamp_bins": len({math.floor(t * 10) for t in stamps}),
         "joint_names": sorted({tuple(m.joint_names) for m in window}),
         "points": sorted({len(m.points) for m in window}),
         "finite": all(math.isfinite(v) for m in window for p in m.points for v in p.positions),
