@@ -31,11 +31,12 @@ robot:
 """
 
 
-# The robot records 5 s of commands, longer (up to 60 s) until it holds MIN_COMMANDS spanning 3 s: on the suite's
-# loaded 2 cores the node can stall and resume.
-MIN_COMMANDS = 50
-ROBOT_ARGS = ["--seconds", "5", "--span", "3", "--min-commands", str(MIN_COMMANDS), "--max-seconds", "60"]
-ROBOT_ARGS += ["--timeout", "120"]
+# The robot records 5 s of commands, longer (up to 90 s) until it holds MIN_COMMANDS spanning 3 s in MIN_BINS
+# distinct 0.1 s intervals: on the suite's loaded 2 cores the node can stall and resume (with a Ray cluster or a
+# kernel build on the other worker, a tiny inference took 0.17 s and commands paused for 6-9 s at a time).
+MIN_COMMANDS, MIN_BINS = 50, 25
+ROBOT_ARGS = ["--seconds", "5", "--span", "3", "--min-commands", str(MIN_COMMANDS), "--min-bins", str(MIN_BINS)]
+ROBOT_ARGS += ["--max-seconds", "90", "--timeout", "120"]
 
 
 def jazzy_python(root: Path) -> Path:
@@ -45,6 +46,7 @@ def jazzy_python(root: Path) -> Path:
     return (venv if venv.is_absolute() else root / venv) / "bin" / "jazzy-python"
 
 
+@pytest.mark.timeout(360)
 def test_jazzy_robot_gets_a_stream_of_commands(tmp_path, root):
     python = jazzy_python(root)
     if not python.exists():
@@ -66,7 +68,7 @@ def test_jazzy_robot_gets_a_stream_of_commands(tmp_path, root):
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=240,
+            timeout=250,
         )
     finally:
         policy.terminate()
@@ -82,9 +84,9 @@ def test_jazzy_robot_gets_a_stream_of_commands(tmp_path, root):
     assert report["commands"] > 0, "no command reached the Jazzy robot\n--- policy node:\n" + log
     assert report["joint_names"] == [["joint_1", "joint_2", "joint_3"]]
     assert report["points"] == [1] and report["finite"]
-    # Sustained, not a burst: 50 commands or more whose stamps fall in at least 25 distinct 0.1 s intervals (a burst
-    # of queued commands fills one or two). How many per second is the bench's question: a suite worker on the same
-    # 2 cores once stalled the node for seconds at a time (CI ran 24 commands in 7 s then).
+    # Sustained, not a burst: 50 commands or more whose stamps (the node's send times) fall in at least 25 distinct
+    # 0.1 s intervals, so the node commanded for 2.5 s or more. How many per second is the bench's question
+    # (bench/ros_pipeline.py): a suite worker on the same 2 cores stalls the node for seconds at a time.
     tail = "\n--- policy node (last lines):\n" + "\n".join(log.splitlines()[-30:])
     assert report["commands"] >= MIN_COMMANDS and report["span_s"] >= 2.5, str(report) + tail
-    assert report["stamp_bins"] >= 25, str(report) + tail
+    assert report["stamp_bins"] >= MIN_BINS, str(report) + tail

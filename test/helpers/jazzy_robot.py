@@ -2,7 +2,8 @@
 venv; it imports nothing of omni_ros): publishes two 240x320 rgb8 cameras at 15 Hz, joint states at 50 Hz (at
 the latest commanded position) and a latched prompt, and records the trajectory_msgs/JointTrajectory commands it
 receives. After `--seconds` of commands (longer, up to `--max-seconds`, until it holds `--min-commands` whose
-stamps span `--span` seconds: a node stalled by a busy machine resumes its stream), or `--timeout` without any, it
+stamps span `--span` seconds and fill `--min-bins` distinct 0.1 s intervals: a node stalled by a busy machine
+resumes its stream), or `--timeout` without any, it
 prints one JSON line and exits:
 
     {"rclpy": path, "commands": n, "rate_hz": rate by the commands' header stamps, "span_s": first to last stamp,
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="how long to record commands")
     parser.add_argument("--span", type=float, default=0.0, help="keep recording until the stamps span this long")
     parser.add_argument("--min-commands", type=int, default=0, help="keep recording until this many commands")
+    parser.add_argument("--min-bins", type=int, default=0, help="... and their stamps fill this many 0.1 s intervals")
     parser.add_argument(
         "--max-seconds", type=float, default=0.0, help="the longest recording when --span or --min-commands ask more"
     )
@@ -82,17 +84,30 @@ def main() -> None:
     start = time.monotonic()
     end, limit = start + args.seconds, start + max(args.seconds, args.max_seconds)
 
+    def stamp(m: JointTrajectory) -> float:
+        return m.header.stamp.sec + m.header.stamp.nanosec * 1e-9
+
     def span_s() -> float:
-        stamps = [m.header.stamp.sec + m.header.stamp.nanosec * 1e-9 for m in received[first:]]
+        stamps = [stamp(m) for m in received[first:]]
         return max(stamps) - min(stamps) if len(stamps) > 1 else 0.0
 
-    def enough() -> bool:
-        return span_s() >= args.span and len(received) - first >= args.min_commands
+    def bins() -> int:
+        return len({math.floor(stamp(m) * 10) for m in received[first:]})
 
-    while received and (time.monotonic() < end or (not enough() and time.monotonic() < limit)):
+    def enough() -> bool:
+        return span_s() >= args.span and len(received) - first >= args.min_commands and bins() >= args.min_bins
+
+    # enough() reads every command: asked twice a second, not at every spin (it would take the CPU it measures).
+    done, next_check = False, end
+    while received and not done:
         executor.spin_once(timeout_sec=0.01)
+        now = time.monotonic()
+        if now >= limit:
+            break
+        if now >= next_check:
+            done, next_check = enough(), now + 0.5
     window = received[first:]
-    stamps = [m.header.stamp.sec + m.header.stamp.nanosec * 1e-9 for m in window]
+    stamps = [stamp(m) for m in window]
     span = span_s()
     report = {
         "rclpy": rclpy.__file__,
@@ -100,7 +115,7 @@ def main() -> None:
         # Rate by the node's own stamps (when each command was sent), counting only those that arrived here.
         "rate_hz": (len(stamps) - 1) / span if span > 0 else 0.0,
         "span_s": span,
-        "stamp_bins": len({math.floor(t * 10) for t in stamps}),
+        "stamp_bins": bins(),
         "joint_names": sorted({tuple(m.joint_names) for m in window}),
         "points": sorted({len(m.points) for m in window}),
         "finite": all(math.isfinite(v) for m in window for p in m.points for v in p.positions),
