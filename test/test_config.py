@@ -111,6 +111,7 @@ def test_cli_help_lists_subcommands(python):
 BAD_VALUES = [
     ("policy: {num_steps: 0}", "policy.num_steps", "must be >= 1"),
     ("policy: {num_threads: -1}", "policy.num_threads", "must be >= 0"),
+    ("policy: {action_dt: 0}", "policy.action_dt", "must be in (0, 1] seconds"),
     ("policy: {backend: executorch}", "policy.backend", "needs policy.pte"),
     ("policy: {backend: executorch, pte: m.pte, dtype: bfloat16}", "policy.dtype", "use float32"),
     ("robot: {control_rate_hz: 0}", "robot.control_rate_hz", "must be positive"),

@@ -163,3 +163,20 @@ def test_openpi_bridge_serves_an_export(served, tmp_path, root):
         assert result["actions"].shape == (8, 3)
         np.testing.assert_array_equal(result["actions"], local)  # what the server ran is the exported model
         np.testing.assert_allclose(result["actions"], eager, rtol=0, atol=tolerance)  # and it is the model
+
+
+def test_an_exported_program_plays_at_the_configured_action_period(tmp_path_factory):
+    # The program's sidecar records the period it was exported with; policy.action_dt is the robot's to set, and
+    # the metadata every reader takes it from says so.
+    from omni_ros.backends.factory import load_policy
+    from omni_ros.config import PolicyConfig
+
+    path = exported_tiny(tmp_path_factory.getbasetemp(), "fp32")
+    recorded = load_policy(PolicyConfig(backend="executorch", pte=str(path), num_threads=1))
+    configured = load_policy(PolicyConfig(backend="executorch", pte=str(path), num_threads=1, action_dt=0.04))
+    try:
+        assert recorded.metadata.action_dt != pytest.approx(0.04)
+        assert configured.metadata.action_dt == pytest.approx(0.04, abs=1e-12)
+    finally:
+        recorded.close()
+        configured.close()

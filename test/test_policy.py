@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -336,3 +338,35 @@ def test_masked_cameras_and_padding_are_left_out_without_changing_actions():
     compacted = policy.infer(obs)["actions"]
     policy.runner.compact = False
     np.testing.assert_allclose(policy.infer(obs)["actions"], compacted, rtol=0, atol=1e-5)
+
+
+def test_a_lerobot_checkpoint_plays_at_the_configured_action_period_and_warns_without_one(caplog):
+    # LeRobot checkpoints record no fps: without policy.action_dt the chunk plays 0.02 s apart, said once per
+    # folder; with it, every reader of the metadata (executor, bridge, evaluator) gets the dataset's period.
+    from omni_ros.policy import loading
+
+    folder = Path(__file__).parent / "fixtures" / "reference" / "pi0_1cam"
+    loading._rate_warned.discard(str(folder))
+    with caplog.at_level(logging.WARNING, logger="omni_ros.policy"):
+        default = load_policy(PolicyConfig(checkpoint=str(folder), precision="fp32"))
+    assert default.metadata.action_dt == pytest.approx(0.02)
+    assert [r for r in caplog.records if "records no action rate" in r.getMessage()], caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="omni_ros.policy"):
+        thirty = load_policy(PolicyConfig(checkpoint=str(folder), precision="fp32", action_dt=1 / 30))
+    assert thirty.metadata.action_dt == pytest.approx(1 / 30, abs=1e-12)
+    assert thirty.metadata.to_dict()["action_dt"] == pytest.approx(1 / 30, abs=1e-12)
+    assert not [r for r in caplog.records if "records no action rate" in r.getMessage()]
+    # The period changes when the actions play, not what they are.
+    obs = observation(thirty.spec)
+    np.testing.assert_allclose(thirty.infer(obs)["actions"], default.infer(obs)["actions"], rtol=0, atol=1e-6)
+
+
+def test_an_omni_ros_checkpoint_keeps_its_recorded_period_unless_the_config_sets_one(tmp_path, caplog):
+    cfg = dataclasses.replace(preset("tiny"), action_dt=0.05)
+    save_checkpoint(tmp_path / "ckpt", Pi0Model(cfg), NormStats.identity(cfg.state_dim, cfg.action_dim))
+    with caplog.at_level(logging.WARNING, logger="omni_ros.policy"):
+        own = load_policy(PolicyConfig(checkpoint=str(tmp_path / "ckpt")))
+    assert own.metadata.action_dt == pytest.approx(0.05)
+    assert "records no action rate" not in caplog.text
+    assert load_policy(PolicyConfig(checkpoint=str(tmp_path / "ckpt"), action_dt=0.1)).metadata.action_dt == 0.1

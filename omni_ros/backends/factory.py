@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,20 @@ def load_policy(
     """
     # Before the backend imports torch where it can (the CLI and nodes did it already): threads and waiting.
     cpu_threads.configure(config)
-    if config.backend == "torch":
-        return _load_torch(config, camera_names, state_dim, action_dim)
-    if config.backend == "executorch":
-        return _load_executorch(config, camera_names, state_dim, action_dim)
-    if config.backend == "onnxruntime":
-        return _load_onnxruntime(config, camera_names, state_dim, action_dim)
-    if config.backend == "remote":
-        return _load_remote(config, camera_names, state_dim, action_dim)
-    raise ConfigError(f"unknown policy.backend '{config.backend}'; use torch, executorch, onnxruntime or remote")
+    loaders = {
+        "torch": _load_torch,
+        "executorch": _load_executorch,
+        "onnxruntime": _load_onnxruntime,
+        "remote": _load_remote,
+    }
+    if config.backend not in loaders:
+        raise ConfigError(f"unknown policy.backend '{config.backend}'; use torch, executorch, onnxruntime or remote")
+    policy = loaders[config.backend](config, camera_names, state_dim, action_dim)
+    if config.action_dt is not None and policy.metadata.action_dt != config.action_dt:
+        # The period the actions play at is the robot's to know (a LeRobot checkpoint records none): every reader
+        # of the chunk (executor, bridge metadata, evaluator) takes it from the metadata.
+        policy.metadata = replace(policy.metadata, action_dt=config.action_dt)
+    return policy
 
 
 def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
@@ -63,7 +69,13 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
         "cache_dir": config.cache_dir,
     }
     if config.checkpoint:
-        policy = load(config.checkpoint, tokenizer=config.tokenizer, domain_id=config.domain_id, **common)
+        policy = load(
+            config.checkpoint,
+            tokenizer=config.tokenizer,
+            domain_id=config.domain_id,
+            action_dt=config.action_dt,
+            **common,
+        )
         check_agrees(policy, camera_names, state_dim, action_dim, config.checkpoint)
         return policy
     return from_preset(config.preset, camera_names=camera_names, state_dim=state_dim, action_dim=action_dim, **common)

@@ -95,6 +95,10 @@ class PolicyConfig:
     # A tokenizer.json / tokenizer.model (or its folder) for a LeRobot or openpi checkpoint that ships none;
     # null: the checkpoint folder, then the local Hugging Face cache. Relative to the config file.
     tokenizer: str | None = None
+    # Seconds between a chunk's actions: the period the training data was recorded at (a LeRobot dataset at 30 fps:
+    # 0.0333). null: what the checkpoint or program records (omni_ros's own); LeRobot and openpi checkpoints record
+    # no rate and play at 0.02 s (50 Hz) with a warning, which runs a 30 fps policy's motions 1.67x too fast.
+    action_dt: float | None = None
     # A cross-embodiment checkpoint's embodiment (X-VLA's domain: its soft prompts and per-domain layers) when an
     # observation carries no `domain_id`; null: the checkpoint's saved default.
     domain_id: int | None = None
@@ -129,5 +133,7 @@ class PolicyConfig:
             raise FieldError("precision", f"{self.precision} needs dtype float32 (bfloat16 casts the whole model)")
         if self.num_steps is not None and self.num_steps < 1:
             raise FieldError("num_steps", f"must be >= 1 (or null for the model's own), got {self.num_steps}")
+        if self.action_dt is not None and not 0 < self.action_dt <= 1:
+            raise FieldError("action_dt", f"must be in (0, 1] seconds (1 / the dataset's fps), got {self.action_dt}")
         if self.num_threads < 0:
             raise FieldError("num_threads", f"must be >= 0 (0 keeps torch's default), got {self.num_threads}")

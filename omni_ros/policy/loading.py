@@ -6,6 +6,7 @@ policy = from_preset("small", camera_names=["base"], seed=0)       # random weig
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ from omni_ros.policy.pipeline import InferencePipeline
 from omni_ros.policy.precision import choose
 from omni_ros.policy.tokenizer import Tokenizer
 from omni_ros.policy.torch_runner import TorchRunner, resolve_dtype
+
+logger = logging.getLogger("omni_ros.policy")
+# Checkpoint folders already warned about in this process (a node reloads on reconfigure).
+_rate_warned: set[str] = set()
 
 
 def _default_precision(precision: str | None, dtype: str) -> str:
@@ -42,8 +47,12 @@ def load(
     int8_kernel: str = "auto",
     cache_dir: str | None = None,
     domain_id: int | None = None,
+    action_dt: float | None = None,
 ) -> InferencePipeline:
     """The policy in checkpoint folder `path` (its layout detected), on the torch runner.
+
+    `action_dt`: seconds between a chunk's actions (1 / the training data's fps); None keeps what the checkpoint
+    records, and warns where its layout records none (LeRobot, openpi: 0.02 s then).
 
     `precision` ("auto", "fp32", "bf16", "int8"; omni_ros/policy/precision; default fp32) swaps the model's
     linear layers for that precision's kernels: "auto" picks the fastest this CPU runs accurately, as the node,
@@ -56,6 +65,10 @@ def load(
     if domain_id is not None:
         # The embodiment an observation without `domain_id` is for (cross-embodiment checkpoints only).
         set_domain(checkpoint, domain_id)
+    if action_dt is not None:
+        checkpoint.config.action_dt = float(action_dt)
+    elif checkpoint.layout != "omni_ros":
+        _warn_unknown_rate(checkpoint)
     choice = choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
     model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
     processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
@@ -67,6 +80,23 @@ def load(
         runner = TorchRunner(model, device, dtype, **options)
     steps = num_steps or checkpoint.config.num_steps
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=label)
+
+
+def _warn_unknown_rate(checkpoint: Any) -> None:
+    """A checkpoint that records no action rate plays at its config's default: said, once per folder."""
+    key = str(checkpoint.path)
+    if key in _rate_warned:
+        return
+    _rate_warned.add(key)
+    dt = checkpoint.config.action_dt
+    logger.warning(
+        "%s: a %s checkpoint records no action rate; its actions play %.4g s apart (%.4g Hz). Set policy.action_dt "
+        "to 1 / the training dataset's fps (0.0333 for 30 fps), or the robot moves at another speed than trained",
+        checkpoint.path,
+        checkpoint.layout,
+        dt,
+        1.0 / dt,
+    )
 
 
 def set_domain(checkpoint: Any, domain_id: int) -> None:
