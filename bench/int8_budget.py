@@ -8,10 +8,15 @@ threads) for SmolVLA); the pair must come from one CPU (each file records its ow
 inference's linear layers at their real shapes on every kernel this CPU runs (gemm_kernels_pi0_edge.json,
 gemm_kernels_smolvla.json). A share above 1 means no kernel here can meet the target, whatever else is removed.
 
-For the edge-size pi0 it also sets each precision's measured chunk (vs_lerobot.json, same thread count) against
-its own kernel's GEMM floor, stage by stage (the target: the whole chunk within 1.3x of the floor): the stage
-timings of the two files name what dominates above the GEMMs. An int8 row that ran XNNPACK's kernels (its
-precision says "(xnnpack)") is set against XNNPACK's int8 GEMMs, the others against oneDNN's.
+For each model it also sets each precision's measured chunk (vs_lerobot.json at the GEMMs' thread count for the
+edge-size pi0, smolvla_eager.json for SmolVLA) against its own kernel's GEMM floor, stage by stage (the target:
+the whole chunk within 1.3x of the floor): the stage timings of the two files name what dominates above the
+GEMMs. An int8 row that ran XNNPACK's kernels (its precision says "(xnnpack)") is set against XNNPACK's int8
+GEMMs, the others against oneDNN's.
+
+With a bench/precision_kernels.py result of the same CPU and thread count (precision_kernels*.json), each stage
+also gets float32 flash attention's time at its shapes over one inference's calls: the GEMMs and the attention
+together are the floor that the kernels alone cannot go below (norms, rotary and glue come on top).
 
 `--suffix S` reads the files of another machine's runs (`vs_lerobot_S.json`, `gemm_kernels_pi0_edge_S.json`, ...).
 """
@@ -33,6 +38,19 @@ FLOOR_TARGET = 1.3
 PRECISION_KERNELS = {"fp32": "eager_packed", "bf16": "eager_bf16", "int8": "eager_int8_onednn"}
 # vs_lerobot stage -> (gemm_kernels stage, how many times an inference runs it)
 STAGES = {"embed_prefix_ms": ("vision", 1), "prefill_ms": ("prefill", 1), "denoise_ms": ("denoise_step", 10)}
+# model -> stage -> the precision_kernels attention rows that stage runs (each row holds its calls per inference)
+ATTENTION = {
+    "pi0_edge": {
+        "embed_prefix_ms": ["pi0_edge_vision"],
+        "prefill_ms": ["pi0_edge_prefix"],
+        "denoise_ms": ["pi0_edge_denoise_step"],
+    },
+    "smolvla": {
+        "embed_prefix_ms": ["siglip_smolvla_full"],
+        "prefill_ms": ["smolvla_full_prefix"],
+        "denoise_ms": ["smolvla_full_denoise_self", "smolvla_full_denoise_cross"],
+    },
+}
 # model -> (its gemm_kernels result, the result holding LeRobot's chunk time, how to read that time)
 MODELS = {
     "pi0_edge": ("gemm_kernels_pi0_edge.json", "vs_lerobot.json", lambda d, t: d["threads"][str(t)]["lerobot_ms"]),
@@ -42,20 +60,49 @@ MODELS = {
 
 def _cpu(result: dict[str, Any]) -> str:
     """The CPU a result file says it ran on: model and the extensions that choose kernels."""
-    machine = result.get("machine", {})
+    machine = result.get("machine") or result.get("cpu") or {}  # benches name it either way
     return f"{machine.get('model', 'unrecorded')} [{' '.join(machine.get('extensions', []))}]"
 
 
-def floors(gemm: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
-    """Each precision's chunk and stages (vs_lerobot's eager rows) over its kernel's GEMMs at the same shapes."""
-    row_of = {"fp32": "omni_eager", "bf16": "omni_bf16", "int8": "omni_int8"}
-    run = measured["threads"][str(gemm["threads"])]
+def measured_chunks(name: str, result: dict[str, Any], threads: int) -> dict[str, dict[str, Any]]:
+    """Each precision's eager chunk in a model's result file: its time, stages and the precision it reports."""
+    if name == "pi0_edge":  # vs_lerobot: one entry per thread count, stages as the pipeline times them
+        run = result["threads"][str(threads)]
+        rows = {"fp32": "omni_eager", "bf16": "omni_bf16", "int8": "omni_int8"}
+        return {
+            p: {"ms": run[r]["latency_ms"], "stages": run[r]["stages_ms"], "precision": run[r].get("precision", "")}
+            for p, r in rows.items()
+            if r in run
+        }
+    # smolvla_eager: one thread count; stages per camera / per step, as the bench wraps the model's methods
+    cameras, steps = len(result["model"]["cameras"]), result["model"]["steps"]
+    rows = {"fp32": "omni_ros_eager", "bf16": "omni_ros_eager_bf16", "int8": "omni_ros_eager_int8"}
+    out = {}
+    for p, r in rows.items():
+        row = result["results"].get(r)
+        if not row or "latency" not in row:
+            continue
+        stage = {k: v["median_ms"] for k, v in row["stages"].items()}
+        stages = {
+            "embed_prefix_ms": round(stage["vision_per_camera"] * cameras, 1),
+            "prefill_ms": stage["prefill"],
+            "denoise_ms": round(stage["denoise_step"] * steps, 1),
+        }
+        out[p] = {"ms": row["latency"]["median_ms"], "stages": stages, "precision": row.get("precision", "")}
+    return out
+
+
+def floors(
+    gemm: dict[str, Any], chunks: dict[str, dict[str, Any]], attention: dict[str, list[dict[str, Any]]] | None
+) -> dict[str, Any]:
+    """Each precision's chunk and stages over its kernel's GEMMs at the same shapes, and over the GEMMs plus
+    float32 attention's time where `attention` (stage -> precision_kernels rows) is given."""
     out: dict[str, Any] = {}
     for precision, kernel in PRECISION_KERNELS.items():
-        if row_of[precision] not in run:
+        if precision not in chunks:
             continue
-        chunk = run[row_of[precision]]
-        if "(xnnpack)" in str(chunk.get("precision", "")):
+        chunk = chunks[precision]
+        if "(xnnpack)" in str(chunk["precision"]):
             kernel = "xnnpack_int8"
         if not gemm["inference_gemm_ms"].get(kernel):
             continue
@@ -63,17 +110,43 @@ def floors(gemm: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
         stages = {}
         for stage, (gemm_stage, times) in STAGES.items():
             stage_floor = gemm["stages"][gemm_stage][f"{kernel}_ms"] * times
-            stages[stage] = {"ms": chunk["stages_ms"][stage], "gemm_ms": round(stage_floor, 1)}
-            stages[stage]["over_floor"] = round(chunk["stages_ms"][stage] / stage_floor, 2)
+            stages[stage] = {"ms": chunk["stages"][stage], "gemm_ms": round(stage_floor, 1)}
+            stages[stage]["over_floor"] = round(chunk["stages"][stage] / stage_floor, 2)
+            if attention is not None:
+                stages[stage]["attention_ms"] = round(sum(r["fp32_inference_ms"] for r in attention[stage]), 1)
         out[precision] = {
             "kernel": kernel,
-            "chunk_ms": chunk["latency_ms"],
+            "chunk_ms": chunk["ms"],
             "gemm_floor_ms": floor,
-            "over_floor": round(chunk["latency_ms"] / floor, 2),
-            "within_target": chunk["latency_ms"] <= FLOOR_TARGET * floor,
+            "over_floor": round(chunk["ms"] / floor, 2),
+            "within_target": chunk["ms"] <= FLOOR_TARGET * floor,
             "stages": stages,
         }
+        if attention is not None:
+            both = floor + sum(stage["attention_ms"] for stage in stages.values())
+            out[precision]["gemm_and_attention_floor_ms"] = round(both, 1)
+            out[precision]["gemm_and_attention_over_gemm_floor"] = round(both / floor, 2)
+            out[precision]["over_gemm_and_attention_floor"] = round(chunk["ms"] / both, 2)
     return out
+
+
+def attention_rows(
+    name: str, suffix: str, cpu: str, threads: int
+) -> tuple[dict[str, list[dict[str, Any]]] | None, str]:
+    """A model's attention rows per stage from a precision_kernels result of this CPU and thread count (any file
+    `precision_kernels*{suffix}.json`), else why there is none."""
+    wanted = ATTENTION[name]
+    seen = []
+    for path in sorted(RESULTS.glob(f"precision_kernels*{suffix}.json")):
+        kernels = json.loads(path.read_text())
+        rows = kernels.get("attention")
+        seen.append(f"{path.name}: {_cpu(kernels)}, {kernels.get('threads')} thread(s)")
+        if _cpu(kernels) != cpu or kernels.get("threads") != threads or not isinstance(rows, dict):
+            continue
+        if all("fp32_inference_ms" in rows.get(row, {}) for names in wanted.values() for row in names):
+            return {stage: [rows[r] for r in names] for stage, names in wanted.items()}, f"bench/results/{path.name}"
+        seen[-1] += " (predates these attention rows)"
+    return None, f"no precision_kernels result at {threads} thread(s) on {cpu} with these shapes: {seen}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             "gemm_share_of_budget_fastest": round(kernels[fastest] / budget, 2),
             "gemm_share_of_budget_fastest_int8": round(kernels[fastest_int8] / budget, 2),
         }
-        if name == "pi0_edge":
-            models[name]["chunk_over_gemm_floor"] = floors(gemm, lerobot)
+        attention, source = attention_rows(name, args.suffix, models[name]["cpu"], gemm["threads"])
+        models[name]["attention_source"] = source
+        models[name]["chunk_over_gemm_floor"] = floors(gemm, measured_chunks(name, lerobot, gemm["threads"]), attention)
     # Computed from results measured earlier: their own files say which CPU they ran on.
     report = {"benchmark": "int8_budget", "target_x_lerobot": TARGET, "cpu": "as in each source", "models": models}
     emit(report, args.out)

@@ -9,8 +9,12 @@ within the file compare like with like on a shared machine:
   linears with the activation in float32 between them, for a SigLIP block of a full-size SmolVLA (2 cameras x
   1024 patches, 768 -> 3072, tanh GELU), a pi0 edge Gemma block (560 rows, 512 -> 2048 gated, tanh GELU) and a
   SmolVLA expert block (50 rows, 720 -> 2048 gated SiLU); relative L2 distance of each from float32.
-- Attention (attention.py): flash attention on bf16 q / k / v against float32, at the SmolVLA vision tower's
-  (2 x 12 heads x 1024 x 64, no mask) and the pi0 edge prefix's shapes (8 heads, 1 KV head, 560 x 64, masked).
+- Attention (attention.py): float32 flash attention (its GFLOPS, and its time over one inference's calls: what
+  bench/int8_budget.py adds to the GEMM floor) and bf16 q / k / v against it, at the SmolVLA vision tower's shape
+  (2 x 12 heads x 1024 x 64, no mask) and the edge pi0's: vision (2 x 16 heads x 256 x 24), prefix (8 heads, 1 KV
+  head, 560 x 64, masked) and a denoising step (51 queries over 611 keys), and the full-size SmolVLA's prefix
+  and denoising steps (15 heads, 5 KV heads). Run it at the thread count of the GEMMs it is set beside
+  (`--threads 2 --out bench/results/precision_kernels_2threads_vnni.json` for SmolVLA's).
 - int8 linears (int8_linear.py): oneDNN's qlinear on a reordered weight, torch's `_int_mm` and packed bf16, one
   linear at a prefill shape (560 x 512 -> 2048) and at a denoising step's (51 x 256 -> 1024), activation
   quantization included (what a call costs in the model).
@@ -92,31 +96,50 @@ def mlp_rows(runs: int) -> dict[str, Any]:
     return rows
 
 
-def attention_rows(runs: int) -> dict[str, Any]:
+# name -> (q shape, k / v shape, the keys a mask hides (None: no mask), calls in one inference): the attention
+# calls of the edge pi0 of bench/vs_lerobot.py (SigLIP 384 x 6 with 16 heads over 2 x 256 patches; the Gemma
+# prefix of 560 tokens and a denoising step's 51 rows over the prefix and themselves, 8 query heads and 1 KV head;
+# 6 layers each, 10 steps) and of the full-size SmolVLA of bench/smolvla.py (SigLIP 768 x 12 over 2 x 1024
+# patches; 16 text layers over a 177-token prefix and 16 expert layers, 15 query heads and 5 KV heads, half of
+# them attending to the prefix and the 50 actions, half to the prefix only). The masks hide prompt padding.
+ATTENTION_SHAPES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, int] | None, int]] = {
+    "pi0_edge_vision": ((2, 16, 256, 24), (2, 16, 256, 24), None, 6),
+    "pi0_edge_prefix": ((1, 8, 560, 64), (1, 1, 560, 64), (520, 560), 6),
+    "pi0_edge_denoise_step": ((1, 8, 51, 64), (1, 1, 611, 64), (520, 560), 60),
+    "siglip_smolvla_full": ((2, 12, 1024, 64), (2, 12, 1024, 64), None, 12),
+    "smolvla_full_prefix": ((1, 15, 177, 64), (1, 5, 177, 64), (150, 177), 16),
+    "smolvla_full_denoise_self": ((1, 15, 50, 64), (1, 5, 227, 64), (150, 177), 80),
+    "smolvla_full_denoise_cross": ((1, 15, 50, 64), (1, 5, 177, 64), (150, 177), 80),
+}
+
+
+def attention_rows(runs: int, bf16: bool) -> dict[str, Any]:
+    """float32 flash attention at each shape (and bf16's against it where the CPU has native bf16)."""
     from omni_ros.policy.layers import sdpa
     from omni_ros.policy.precision.attention import bf16_sdpa
 
     torch.manual_seed(0)
-    shapes = {
-        "siglip_smolvla_full": ((2, 12, 1024, 64), (2, 12, 1024, 64), False),
-        "pi0_edge_prefix": ((1, 8, 560, 64), (1, 1, 560, 64), True),
-    }
     rows: dict[str, Any] = {}
-    for name, (q_shape, kv_shape, masked) in shapes.items():
+    for name, (q_shape, kv_shape, hidden, calls) in ATTENTION_SHAPES.items():
         q, k, v = torch.randn(q_shape), torch.randn(kv_shape), torch.randn(kv_shape)
         mask = None
-        if masked:  # the prefix's padding: the last prompt slots masked out
+        if hidden is not None:
             mask = torch.ones(1, 1, q_shape[2], kv_shape[2], dtype=torch.bool)
-            mask[..., -40:] = False
+            mask[..., hidden[0] : hidden[1]] = False
+        # q k^T and p v: 2 multiply-adds per query, key and head dimension, over every query head
+        flops = 4 * q_shape[0] * q_shape[1] * q_shape[2] * kv_shape[2] * q_shape[3]
         with torch.inference_mode():
-            row: dict[str, Any] = {"q": list(q_shape), "kv": list(kv_shape), "masked": masked}
-            row.update(
-                _alternating_ms(
-                    {"fp32_ms": partial(sdpa, q, k, v, mask), "bf16_ms": partial(bf16_sdpa, q, k, v, mask)}, runs
-                )
-            )
-            row["bf16_speedup"] = round(row["fp32_ms"] / row["bf16_ms"], 2)
-            row["bf16_rel_l2"] = _rel(bf16_sdpa(q, k, v, mask), sdpa(q, k, v, mask))
+            row: dict[str, Any] = {"q": list(q_shape), "kv": list(kv_shape), "masked": hidden is not None}
+            row["calls_per_inference"] = calls
+            fns: dict[str, Callable[[], object]] = {"fp32_ms": partial(sdpa, q, k, v, mask)}
+            if bf16:
+                fns["bf16_ms"] = partial(bf16_sdpa, q, k, v, mask)
+            row.update(_alternating_ms(fns, runs))
+            row["fp32_gflops"] = round(flops / row["fp32_ms"] / 1e6, 1)
+            row["fp32_inference_ms"] = round(row["fp32_ms"] * calls, 1)
+            if bf16:
+                row["bf16_speedup"] = round(row["fp32_ms"] / row["bf16_ms"], 2)
+                row["bf16_rel_l2"] = _rel(bf16_sdpa(q, k, v, mask), sdpa(q, k, v, mask))
         rows[name] = row
     return rows
 
@@ -179,11 +202,9 @@ def main() -> int:
     from omni_ros.policy.precision.attention import native_bf16
 
     report: dict[str, Any] = {"benchmark": "precision_kernels", "threads": args.threads, "runs": args.runs}
-    if native_bf16():
-        report["mlp"] = mlp_rows(args.runs)
-        report["attention"] = attention_rows(args.runs)
-    else:
-        report["mlp"] = report["attention"] = "skipped: this CPU has no native bf16 (AVX512_BF16 / AMX)"
+    bf16 = native_bf16()
+    report["mlp"] = mlp_rows(args.runs) if bf16 else "skipped: this CPU has no native bf16 (AVX512_BF16 / AMX)"
+    report["attention"] = attention_rows(args.runs, bf16)
     report["int8_linear"] = int8_rows(args.runs)
     emit(report, args.out)
     return 0

@@ -10,13 +10,15 @@ SmolVLM2-500M dimensions, random weights, built and saved by LeRobot itself: scr
 LeRobot venv) is made in the work dir once and used.
 
 Offline, each contender in a fresh process, one after the other: `chunk_ms` (observation -> chunk, median of
---runs after a warm-up) against `execution_ms` (the chunk's n_action_steps / --fps): `realtime` when the chunk is
+--runs after 3 warm-up chunks) against `execution_ms` (the chunk's n_action_steps / --fps): `realtime` when the chunk is
 computed faster than the previous one is executed, the least a robot needs not to stop between chunks.
 
 Live (`--live-seconds`, 0 or --skip-live to skip): `omni-ros node sim` (the SO-101 in MuJoCo, config/sim_so101.yaml)
 and `omni-ros node policy` on the checkpoint, one process each, sharing this machine's cores, threads as
-`policy.num_threads: 0` (auto) sets them, `control.blending: rtc`, `--live-precision`. Listened to over DDS
-(loopback, its own domain): commands per second, the longest interval between two commands, and from the
+`policy.num_threads: 0` (auto) sets them, `control.blending: rtc`, `--live-precision`, the actions 1 / --fps s
+apart (`policy.action_dt`). Listened to over DDS
+(loopback, its own domain): commands per second, the longest interval between two commands, the cores each
+process kept busy (`cores_busy`: CPU seconds over wall seconds, of the simulator and of the policy), and from the
 ActionChunk messages (stamp, horizon, dt) when the executor ran out of actions: `starvations` (times a chunk's
 last action passed before the next chunk arrived) and the seconds spent holding.
 """
@@ -35,12 +37,13 @@ from typing import Any
 
 import numpy as np
 import yaml
-from common import cpu_facts, emit, listen, median_ms, ros_listener, stop
+from common import cpu_facts, cpu_seconds, emit, listen, median_ms, ros_listener, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 SO101_JOINTS = 6  # config/sim_so101.yaml's arm: the bench's SmolVLA is built with these state / action dims
 FOLDER = "smolvla_full"  # what scripts/lerobot_bench.py --policy smolvla writes
 SIM_CONFIG = ROOT / "config" / "sim_so101.yaml"
+WARMUP_CHUNKS = 3
 
 
 def log(msg: str) -> None:
@@ -63,8 +66,12 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     policy = omni_ros.policy.load(args.checkpoint, precision=args.precision, cpu_linear="packed")
     load_s = time.perf_counter() - start
     obs = observation(policy.metadata)
+    # A robot runs chunk after chunk: warm up until the runner has settled its choices (the denoising steps'
+    # threads are timed over the first 26 steps, about three chunks), then time the steady state.
+    for _ in range(WARMUP_CHUNKS):
+        policy.infer(obs)
     timings: list[dict[str, float]] = []
-    chunk_ms = median_ms(lambda: timings.append(policy.infer(obs)["policy_timing"]), args.runs, warmup=1)
+    chunk_ms = median_ms(lambda: timings.append(policy.infer(obs)["policy_timing"]), args.runs, warmup=0)
     stages = {k: round(float(np.median([t[k] for t in timings])), 1) for k in timings[0] if k.endswith("_ms")}
     return {
         "precision": policy.metadata.precision,
@@ -85,15 +92,23 @@ def run_worker(args: argparse.Namespace, precision: str, threads: int) -> dict[s
 
 
 def starvation(chunks: list[tuple[float, float, float]]) -> dict[str, Any]:
-    """From (stamp, arrival, covered seconds) per chunk: how often and how long the newest chunk had run out."""
+    """From (stamp, arrival, covered seconds) per chunk: how often and how long the robot had no action left.
+
+    A chunk's actions end `covered` seconds after its observation's stamp; one arriving after that, every action
+    already due, runs from its arrival instead (`control.run_late_chunks`, the default). A chunk arriving after the
+    newest plan ended is a starvation: the robot held from the plan's end to that arrival. Held intervals never
+    overlap, so their sum is at most the run's length.
+    """
     events, held = 0, 0.0
-    ordered = sorted(chunks, key=lambda c: c[1])
-    newest_end = None
-    for stamp, arrival, covered in ordered:
-        if newest_end is not None and arrival > newest_end:
-            events += 1
-            held += arrival - newest_end
+    newest_end: float | None = None
+    for stamp, arrival, covered in sorted(chunks, key=lambda c: c[1]):
         end = stamp + covered
+        if newest_end is None or arrival > newest_end:
+            if newest_end is not None:
+                events += 1
+                held += arrival - newest_end
+            if arrival > end:  # every action already due: the chunk runs from its arrival
+                end = arrival + covered
         newest_end = end if newest_end is None else max(newest_end, end)
     return {"starvations": events, "held_s": round(held, 2)}
 
@@ -115,6 +130,8 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
     sim_cameras = data["sim"]["cameras"]
     data["policy"] = {"checkpoint": str(Path(args.checkpoint).resolve()), "num_threads": 0}
     data["policy"]["precision"] = args.live_precision
+    # The actions play at the rate the offline rows compare against (a LeRobot checkpoint records none).
+    data["policy"]["action_dt"] = 1.0 / args.fps
     data["control"] = {**data.get("control", {}), "blending": "rtc"}
     # The checkpoint's cameras on the simulator's, in order (a LeRobot folder names its own).
     data.setdefault("topics", {})["cameras"] = [
@@ -147,7 +164,20 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
         executor.add_node(node)
         try:
             log(f"live: waiting for the first command (loading {args.checkpoint}), then {args.live_seconds:g} s")
-            listen(executor, lambda: len(chunks) >= 2, [commands, chunks, latencies], 5.0, args.live_seconds)
+            cpu_before: list[float] = []
+            listen(
+                executor,
+                lambda: len(chunks) >= 2,
+                [commands, chunks, latencies],
+                5.0,
+                args.live_seconds,
+                on_measure=lambda: cpu_before.extend(cpu_seconds(p.pid) for p in procs),
+            )
+            # Cores each process kept busy while recording: what the policy had, with the simulator beside it.
+            cpu_share = {
+                name: round((cpu_seconds(p.pid) - before) / args.live_seconds, 2)
+                for name, p, before in zip(("sim", "policy"), procs, cpu_before, strict=True)
+            }
         finally:
             stop(executor, node, context, procs)
             for f in logs:
@@ -162,7 +192,13 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
         "longest_command_gap_s": round(float(intervals.max()), 3),
         "chunks": len(chunks),
         "chunk_inference_ms_p50": round(1e3 * float(np.median(latencies)), 1) if latencies else None,
+        "cores_busy": cpu_share,
         **starvation(chunks),
+        # Each chunk as (observation stamp, arrival, seconds of motion) from the first arrival: the raw record the
+        # starvation figures come from, so they can be recomputed.
+        "chunk_timeline_s": [
+            [round(s - chunks[0][1], 3), round(a - chunks[0][1], 3), round(c, 3)] for s, a, c in chunks
+        ],
         "log_tail": None if commands else tail,
     }
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from common import emit, listen, median_ms, ros_listener, stop
+from common import cpu_seconds, emit, listen, median_ms, ros_listener, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "sim_so101.yaml"
@@ -63,12 +63,6 @@ def offline(sizes: list[int]) -> dict:
         env.close()
         print(f"[bench] {size}px: {out[str(size)]}", file=sys.stderr, flush=True)
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def live(mode: str, seconds: float, warmup: float) -> dict:
