@@ -16,7 +16,13 @@ from torch import nn
 import omni_ros.policy
 from omni_ros.backends.factory import load_policy
 from omni_ros.config import ConfigError, PolicyConfig
-from omni_ros.policy.cpu_linear import PackedLinear, pack_linears, packed_linear_available, weight_count
+from omni_ros.policy.cpu_linear import (
+    PackedLinear,
+    TransposedLinear,
+    pack_linears,
+    packed_linear_available,
+    weight_count,
+)
 from omni_ros.policy.layouts.weights import SafetensorsFile, release_mapped_pages
 from omni_ros.policy.rtc import RtcRequest
 from omni_ros.typed_config import from_dict
@@ -53,6 +59,42 @@ def test_gradients_flow_through_a_packed_linear_where_one_is_asked_for():
     (packed(x2) ** 2).sum().backward()
     assert x2.grad is not None
     torch.testing.assert_close(x2.grad, x1.grad)
+
+
+@pytest.mark.parametrize(("shape", "bias"), [((1, 1, 48), True), ((2, 51, 48), False)])
+def test_a_transposed_linear_computes_nn_linear_and_keeps_its_gradient(shape, bias):
+    torch.manual_seed(0)
+    dense = nn.Linear(48, 80, bias=bias)
+    transposed = TransposedLinear(dense)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        np.testing.assert_allclose(transposed(x).numpy(), dense(x).numpy(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(transposed.weight, dense.weight.detach(), rtol=0, atol=0)
+    assert transposed.weight_t.is_contiguous() and transposed.weight_t.shape == (48, 80)
+    x1 = torch.randn(shape, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    (dense(x1) ** 2).sum().backward()
+    (transposed(x2) ** 2).sum().backward()
+    assert x2.grad is not None
+    torch.testing.assert_close(x2.grad, x1.grad)
+
+
+def test_a_row_vector_module_gets_widening_linears_transposed_and_the_others_packed():
+    class Decoder(nn.Module):
+        row_vector_modules = ("backbone",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = nn.ModuleDict({"up": nn.Linear(8, 32), "down": nn.Linear(32, 8), "square": nn.Linear(8, 8)})
+            self.head = nn.Linear(8, 32)
+
+    model = Decoder()
+    before = sum(p.numel() for p in model.parameters())
+    assert pack_linears(model) == 4
+    kinds = {name: type(model.get_submodule(name)).__name__ for name in ("backbone.up", "backbone.down", "head")}
+    assert kinds == {"backbone.up": "TransposedLinear", "backbone.down": "PackedLinear", "head": "PackedLinear"}
+    assert type(model.backbone["square"]).__name__ == "PackedLinear"
+    assert weight_count(model) == before
 
 
 def test_pack_linears_swaps_every_float32_linear_and_leaves_the_rest():

@@ -329,13 +329,23 @@ def test_quantized_gemms_decode_the_same_tokens(precision):
             assert 1e-5 < rel < 0.1, (fixture, case, rel)  # quantized, and not far off
 
 
-def test_float32_keeps_the_decoder_dense_and_packs_the_vision_tower():
-    """Single-row decode products run from the plain weights (faster there than oneDNN's packed ones); the vision
-    tower's many-row products stay packed. The tokens are LeRobot's either way (test above)."""
-    from omni_ros.policy.cpu_linear import PackedLinear, packed_linear_available
+def test_float32_lays_the_decoder_out_for_single_rows_and_packs_the_vision_tower():
+    """Single-row decode products: the widening ones (gate / up) from transposed weights, the others packed; the
+    vision tower's many-row products packed. The tokens are LeRobot's either way (test above)."""
+    from omni_ros.policy.cpu_linear import PackedLinear, TransposedLinear, packed_linear_available
 
     model = omni_ros.policy.load(REFERENCE / "pi0fast_1cam", cpu_linear="packed").runner.model
-    backbone = {type(m) for m in model.backbone.modules() if isinstance(m, torch.nn.Linear | PackedLinear)}
-    vision = {type(m) for m in model.vision.modules() if isinstance(m, torch.nn.Linear | PackedLinear)}
-    assert backbone == {torch.nn.Linear}
-    assert vision == ({PackedLinear} if packed_linear_available() else {torch.nn.Linear})
+    kinds = torch.nn.Linear | PackedLinear | TransposedLinear
+    if not packed_linear_available():
+        assert {type(m) for m in model.modules() if isinstance(m, kinds)} == {torch.nn.Linear}
+        return
+    mlp = model.backbone.layers[0].mlp
+    assert (type(mlp.gate_proj), type(mlp.up_proj), type(mlp.down_proj)) == (
+        TransposedLinear,
+        TransposedLinear,
+        PackedLinear,
+    )
+    backbone = {type(m) for m in model.backbone.modules() if isinstance(m, kinds)}
+    vision = {type(m) for m in model.vision.modules() if isinstance(m, kinds)}
+    assert backbone == {TransposedLinear, PackedLinear}
+    assert vision == {PackedLinear}
