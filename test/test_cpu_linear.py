@@ -34,47 +34,37 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize(("shape", "bias"), [((7, 48), True), ((2, 51, 48), False), ((3, 5, 9, 48), True)])
-def test_packed_linear_computes_nn_linear(shape, bias):
+@pytest.mark.parametrize("layout", [PackedLinear, TransposedLinear])
+@pytest.mark.parametrize(
+    ("shape", "bias"), [((7, 48), True), ((1, 1, 48), True), ((2, 51, 48), False), ((3, 5, 9, 48), True)]
+)
+def test_a_swapped_linear_computes_nn_linear(layout, shape, bias):
     torch.manual_seed(0)
     dense = nn.Linear(48, 80, bias=bias)
-    packed = PackedLinear(dense)
+    swapped = layout(dense)
     x = torch.randn(shape)
     with torch.inference_mode():
-        np.testing.assert_allclose(packed(x).numpy(), dense(x).numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(swapped(x).numpy(), dense(x).numpy(), rtol=1e-5, atol=1e-5)
         # A strided input (a transposed view) too.
         xt = torch.randn(shape[-2] if len(shape) > 1 else 1, 6, 48).transpose(0, 1)
-        np.testing.assert_allclose(packed(xt).numpy(), dense(xt).numpy(), rtol=1e-5, atol=1e-5)
-    assert packed.weight.is_mkldnn and packed.weight.device.type == "cpu"
-    torch.testing.assert_close(packed.weight.to_dense(), dense.weight.detach(), rtol=0, atol=0)
+        np.testing.assert_allclose(swapped(xt).numpy(), dense(xt).numpy(), rtol=1e-5, atol=1e-5)
+    weight = swapped.weight.to_dense() if swapped.weight.is_mkldnn else swapped.weight
+    torch.testing.assert_close(weight, dense.weight.detach(), rtol=0, atol=0)
+    if layout is PackedLinear:
+        assert swapped.weight.is_mkldnn and swapped.weight.device.type == "cpu"
+    else:
+        assert swapped.weight_t.is_contiguous() and swapped.weight_t.shape == (48, 80)
 
 
-def test_gradients_flow_through_a_packed_linear_where_one_is_asked_for():
+@pytest.mark.parametrize("layout", [PackedLinear, TransposedLinear])
+def test_gradients_flow_through_a_swapped_linear_where_one_is_asked_for(layout):
     torch.manual_seed(1)
     dense = nn.Linear(16, 8)
-    packed = PackedLinear(dense)
+    packed = layout(dense)
     x1 = torch.randn(4, 16, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_(True)
     (dense(x1) ** 2).sum().backward()
     (packed(x2) ** 2).sum().backward()
-    assert x2.grad is not None
-    torch.testing.assert_close(x2.grad, x1.grad)
-
-
-@pytest.mark.parametrize(("shape", "bias"), [((1, 1, 48), True), ((2, 51, 48), False)])
-def test_a_transposed_linear_computes_nn_linear_and_keeps_its_gradient(shape, bias):
-    torch.manual_seed(0)
-    dense = nn.Linear(48, 80, bias=bias)
-    transposed = TransposedLinear(dense)
-    x = torch.randn(shape)
-    with torch.inference_mode():
-        np.testing.assert_allclose(transposed(x).numpy(), dense(x).numpy(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(transposed.weight, dense.weight.detach(), rtol=0, atol=0)
-    assert transposed.weight_t.is_contiguous() and transposed.weight_t.shape == (48, 80)
-    x1 = torch.randn(shape, requires_grad=True)
-    x2 = x1.detach().clone().requires_grad_(True)
-    (dense(x1) ** 2).sum().backward()
-    (transposed(x2) ** 2).sum().backward()
     assert x2.grad is not None
     torch.testing.assert_close(x2.grad, x1.grad)
 
