@@ -98,6 +98,35 @@ def test_actions_and_action_tokens_match_lerobot(fixture, case):
     np.testing.assert_allclose(result["actions"], data["actions"][0], rtol=0, atol=ACTION_TOL)
 
 
+# policy.precision on a token decoder: the GEMMs' rounding moves the logits, so the tokens must stay LeRobot's
+# wherever the reference's choice is clear (top-2 margin above this), and the whole chunk's actions within the
+# issue's bounds of LeRobot's where every step is (BOUND: relative L2, as test_precision_accuracy.py).
+DECISIVE_MARGIN = 0.5
+BOUND = {"bf16": 0.01, "int8": 0.04}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize(("fixture", "case"), CASES)
+def test_bf16_and_int8_decode_lerobots_tokens_where_its_choice_is_clear(fixture, case, precision):
+    quantized = omni_ros.policy.load(
+        REFERENCE / fixture, precision=precision, int8_kernel="onednn", cpu_linear="packed"
+    )
+    swapped = {type(m).__name__ for m in quantized.runner.model.modules()}
+    assert ("Bf16Linear" if precision == "bf16" else "Int8Linear") in swapped and "Linear" not in swapped
+    _, data = case_data(fixture, case)
+    result = quantized.infer(observation(fixture, case))
+    ours, ref, margins = result["action_tokens"].tolist(), data["action_tokens"][0].tolist(), data["top2_margin"][0]
+    unclear = [t for t, m in enumerate(margins[: len(ref)]) if m < DECISIVE_MARGIN]
+    clear = unclear[0] if unclear else len(ref)
+    assert ours[:clear] == ref[:clear], f"{precision}: {ours} vs LeRobot's {ref} (clear up to step {clear})"
+    end = MANIFEST["fixtures"][fixture]["text_tokenizer"]["end_marker_id"]
+    if not unclear and end in ref:
+        assert ours == ref[: ref.index(end) + 1]
+        actions = data["actions"][0]
+        rel = float(np.linalg.norm(result["actions"] - actions) / np.linalg.norm(actions))
+        assert rel < BOUND[precision], rel
+
+
 @pytest.mark.parametrize(("fixture", "case"), CASES)
 def test_prompt_and_images_match_lerobot(fixture, case):
     info, data = case_data(fixture, case)
