@@ -237,3 +237,5 @@ def test_policy_info_reads_the_folder_without_weights(fixture, capsys):
     # LeRobot's count less what never reaches an action: the VLM's lm_head (311 x 32) and final norm (32).
     assert info["parameters"]["total"] == manifest["param_count"] - 311 * 32 - 32
     assert info["prefix_tokens"] == 3 * 16 + 48 + 1
+    # A LeRobot folder records no action rate: said, with the default it would play at.
+    assert info["action_dt"] == 0.02 and info["action_dt_recorded"] is False

@@ -47,6 +47,9 @@ def describe(checkpoint) -> dict:
             getattr(cfg, "model_action_dim", cfg.action_dim),
         ],
         "action_horizon": cfg.action_horizon,
+        # LeRobot and openpi folders record no action rate: theirs is the default until policy.action_dt sets it.
+        "action_dt": cfg.action_dt,
+        "action_dt_recorded": checkpoint.layout == "omni_ros",
         "num_steps": cfg.num_steps,
         "normalization": {"state": stats.state_mode, "action": stats.action_mode, "epsilon": stats.eps_rule},
         "tokenizer": {
@@ -112,7 +115,9 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"layout:       {summary['layout']}{saved_by}, family {summary['family']}")
     tile = cfg.observation_spec().image_size
     print(f"cameras:      {', '.join(cfg.camera_names)} ({tile}px tile, {per_camera} tokens each)")
-    print(f"state/action: {cfg.state_dim} -> {cfg.action_horizon} x {cfg.action_dim} (dt {cfg.action_dt} s)")
+    recorded = summary.get("action_dt_recorded", True)
+    dt = f"dt {cfg.action_dt} s" + ("" if recorded else ", not recorded: policy.action_dt")
+    print(f"state/action: {cfg.state_dim} -> {cfg.action_horizon} x {cfg.action_dim} ({dt})")
     if args.checkpoint:
         norm, tok = summary["normalization"], summary["tokenizer"]
         widths = summary["model_widths"]
