@@ -83,6 +83,31 @@ def test_onnx_export_decodes_eagers_tokens(tmp_path):
         exported.close()
 
 
+def test_an_int8_program_decodes_lerobots_tokens_where_its_choice_is_clear(tmp_path):
+    """An int8-dynamic `.pte` computes other logits than float32: its tokens must be LeRobot's wherever the
+    reference's top-2 margin is clear (test_reference_pi0fast.py's rule for eager int8); the program says it is
+    int8-dynamic, and so does the policy's precision."""
+    from test_reference_pi0fast import DECISIVE_MARGIN, case_data
+
+    from omni_ros.export.exporter import export_checkpoint
+
+    pte = tmp_path / "int8.pte"
+    export_checkpoint(CHECKPOINT, pte, quantize="int8-dynamic")
+    assert read_sidecar(pte).quantize == "int8-dynamic"
+    exported = load_policy(PolicyConfig(backend="executorch", pte=str(pte)))
+    try:
+        assert exported.metadata.precision.startswith("int8")
+        for case in MANIFEST["fixtures"][FIXTURE]["cases"]:
+            _, data = case_data(FIXTURE, case)
+            ours = exported.infer(observation(FIXTURE, case))["action_tokens"].tolist()
+            ref, margins = data["action_tokens"][0].tolist(), data["top2_margin"][0]
+            unclear = [t for t, m in enumerate(margins[: len(ref)]) if m < DECISIVE_MARGIN]
+            clear = unclear[0] if unclear else len(ref)
+            assert ours[:clear] == ref[:clear], (case, ours, ref)
+    finally:
+        exported.close()
+
+
 def test_qnn_onnx_is_refused_for_a_token_decoder(tmp_path):
     from omni_ros.export.onnx_export import export_onnx
     from omni_ros.policy.normalize import NormStats
