@@ -10,17 +10,17 @@ SmolVLM2-500M dimensions, random weights, built and saved by LeRobot itself: scr
 LeRobot venv) is made in the work dir once and used.
 
 Offline, each contender in a fresh process, one after the other: `chunk_ms` (observation -> chunk, median of
---runs after 3 warm-up chunks) against `execution_ms` (the chunk's n_action_steps / --fps): `realtime` when the chunk is
-computed faster than the previous one is executed, the least a robot needs not to stop between chunks.
+--runs after 3 warm-up chunks) against `execution_ms` (the chunk's n_action_steps / --fps): `realtime` when the
+chunk is computed faster than the previous one is executed, the least a robot needs not to stop between chunks.
 
 Live (`--live-seconds`, 0 or --skip-live to skip): `omni-ros node sim` (the SO-101 in MuJoCo, config/sim_so101.yaml)
 and `omni-ros node policy` on the checkpoint, one process each, sharing this machine's cores, threads as
 `policy.num_threads: 0` (auto) sets them, `control.blending: rtc`, `--live-precision`, the actions 1 / --fps s
-apart (`policy.action_dt`). Listened to over DDS
-(loopback, its own domain): commands per second, the longest interval between two commands, the cores each
-process kept busy (`cores_busy`: CPU seconds over wall seconds, of the simulator and of the policy), and from the
-ActionChunk messages (stamp, horizon, dt) when the executor ran out of actions: `starvations` (times a chunk's
-last action passed before the next chunk arrived) and the seconds spent holding.
+apart (`policy.action_dt`). Listened to over DDS (loopback, its own domain): commands per second, the longest
+interval between two commands, the cores each process kept busy (`cores_busy`: CPU seconds over wall seconds, of
+the simulator and of the policy), and from the ActionChunk messages (stamp, horizon, dt) when the executor ran out
+of actions: `starvations` (times a chunk's last action passed before the next chunk arrived) and the seconds spent
+holding.
 """
 
 from __future__ import annotations

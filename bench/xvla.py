@@ -58,6 +58,7 @@ def observation(seed: int = 0) -> tuple[dict, dict]:
 def lerobot_build(folder: Path, tiny: bool) -> None:
     """(LeRobot venv) a random X-VLA saved to `folder`."""
     import make_xvla_fixtures as fx
+    import torch
     from lerobot.configs import FeatureType, PolicyFeature
     from lerobot.policies.xvla.configuration_xvla import XVLAConfig
     from lerobot.policies.xvla.modeling_xvla import XVLAPolicy
@@ -82,8 +83,6 @@ def lerobot_build(folder: Path, tiny: bool) -> None:
         resize_imgs_with_padding=(40, 48) if tiny else (224, 224),
         **sizes,
     )
-    import torch
-
     torch.manual_seed(0)  # the same weights every run: results comparable, the kernel cache reused
     policy = XVLAPolicy(config)
     pre, post = make_xvla_pre_post_processors(config, dataset_stats=None)
@@ -171,6 +170,9 @@ def main() -> int:
         row = row or omni_time(folder, t, args.runs, args.precision)
         print(json.dumps(row))
         return 0
+    import numpy as np
+    from common import emit
+
     lerobot = str(Path(args.lerobot_venv) / "bin" / "python")
     common = [__file__, "--work-dir", str(args.work_dir), "--runs", str(args.runs)] + (["--tiny"] if args.tiny else [])
     subprocess.run([lerobot, *common, "--role", "lerobot-build"], check=True)
@@ -178,8 +180,6 @@ def main() -> int:
     def row(python: str, role: str, threads: int, *extra: str) -> dict:
         cmd = [python, *common, "--role", role, "--threads", str(threads), *extra]
         return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
-
-    import numpy as np
 
     rows = []
     for threads in args.threads:
@@ -206,8 +206,6 @@ def main() -> int:
                 }
             )
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "cpu"}), flush=True)
-    from common import emit
-
     report = {"benchmark": "xvla", "tiny": args.tiny, "fps": args.fps, "rows": rows}
     emit(report, args.out)  # with the command and the CPU
     return 0

@@ -39,17 +39,26 @@ def packed_linear_available() -> bool:
     )
 
 
-class PackedLinear(nn.Module):
-    """`nn.Linear` (float32, CPU) whose weight is held in oneDNN's packed layout."""
+class _LaidOutLinear(nn.Module):
+    """What the float32 layouts below share: `nn.Linear`'s sizes and bias, its weight held in another layout."""
 
     swapped_linear = True  # its weight is no parameter: weight_count counts it
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        dense = linear.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(dense, None)
         self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class PackedLinear(_LaidOutLinear):
+    """`nn.Linear` (float32, CPU) whose weight is held in oneDNN's packed layout."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -61,11 +70,8 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.packed.to_dense(), self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
-
-class TransposedLinear(nn.Module):
+class TransposedLinear(_LaidOutLinear):
     """`nn.Linear` (float32, CPU) whose weight is held transposed, (in, out) contiguous: `x @ weight_t`.
 
     For a single row through a widening layer: one token's 512 -> 2048 product read its 4 MB weight from memory at
@@ -74,13 +80,9 @@ class TransposedLinear(nn.Module):
     and square layers gained nothing (2048 -> 512: 376 us against 239 plain and 305 packed). At hundreds of rows
     it is MKL's plain product again (within 1%)."""
 
-    swapped_linear = True
-
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        super().__init__(linear)
         self.weight_t = linear.weight.detach().t().contiguous()
-        self.bias = None if linear.bias is None else linear.bias.detach()
 
     @property
     def weight(self) -> torch.Tensor:
@@ -91,9 +93,6 @@ class TransposedLinear(nn.Module):
         y = torch.matmul(x, self.weight_t)
         return y if self.bias is None else y + self.bias
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
 
 def row_vector_linear(linear: nn.Linear) -> nn.Module:
     """The layout for a linear that mostly multiplies one row at a time (a decoder's token): transposed where it
@@ -103,7 +102,8 @@ def row_vector_linear(linear: nn.Linear) -> nn.Module:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear`, in place; returns how many.
+    """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear` (or, under `row_vector_modules`, the
+    layout `row_vector_linear` picks), in place; returns how many.
 
     The linears under the modules a model lists in `row_vector_modules` (a decoder that feeds one token at a time,
     pi0-FAST's backbone) get `row_vector_linear`'s layout instead: the edge pi0-FAST's 64-token decode took 650 ms
