@@ -98,9 +98,15 @@ def doctor_file(config, root) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
+def report_line(report: str, what: str) -> str:
+    """The doctor's line about `what` ('' when it printed none). Tests read the line of the thing they break, not
+    the verdict: the verdict names the first problem, and on 2 busy CI cores the stand-in's camera once stalled
+    3.4 s, so an unrelated stale camera came first."""
+    return next((line for line in report.splitlines() if line.startswith(what)), "")
+
+
 def action_line(report: str) -> str:
-    """The doctor's line about the FollowJointTrajectory action ('' when it printed none)."""
-    return next((line for line in report.splitlines() if line.startswith("commands (action)")), "")
+    return report_line(report, "commands (action)")
 
 
 @pytest.fixture
@@ -130,22 +136,23 @@ def test_missing_camera(tmp_path, root, robot):
     robot(cameras=("base",))
     status, out = doctor(tmp_path, root)
     assert status == 1
-    assert "verdict: NOT READY: nothing publishes /doctor/wrist/image_raw" in out
+    assert "PROBLEM: nothing publishes /doctor/wrist/image_raw" in report_line(out, "camera 'wrist'"), out
 
 
 def test_stale_joint_state(tmp_path, root, robot):
     robot(lag_s=2.0)
     status, out = doctor(tmp_path, root)
     assert status == 1
-    assert "verdict: NOT READY: /doctor/joint_states is stale" in out
-    assert "> 0.25 s" in out  # control.state_stale_s, the node's own limit
+    line = report_line(out, "joint_states")
+    assert "PROBLEM: /doctor/joint_states is stale" in line, out
+    assert "> 0.25 s" in line  # control.state_stale_s, the node's own limit
 
 
 def test_wrong_encoding(tmp_path, root, robot):
     robot(encoding="mono16")
     status, out = doctor(tmp_path, root)
     assert status == 1
-    assert "verdict: NOT READY: camera 'base': unsupported image encoding 'mono16'" in out
+    assert "camera 'base': unsupported image encoding 'mono16'" in report_line(out, "camera 'base'"), out
 
 
 def test_missing_joint(tmp_path, root, robot):
@@ -160,7 +167,7 @@ def test_volatile_prompt(tmp_path, root, robot):
     robot(prompt_durability=DurabilityPolicy.VOLATILE)
     status, out = doctor(tmp_path, root)
     assert status == 1
-    assert "verdict: NOT READY: /omni_ros/prompt is published VOLATILE" in out
+    assert "PROBLEM: /omni_ros/prompt is published VOLATILE" in report_line(out, "prompt"), out
 
 
 FJT = """
@@ -179,8 +186,6 @@ def test_follow_joint_trajectory_server(tmp_path, root, robot, ros_context):
     (tmp_path / "doctor.yaml").write_text(config + FJT)
     status, out = doctor_file(tmp_path / "doctor.yaml", root)
     assert status == 1
-    # The action's own line, whatever the verdict names first: on 2 busy CI cores the stand-in's camera once
-    # stalled 3.4 s and the verdict named that stale camera instead.
     assert "PROBLEM: no controller serves /doctor/follow_joint_trajectory" in action_line(out), out
     # The controller is a node of its own with its own executor: entities added to a node while another thread
     # spins it race rclpy's wait set (the robot's timers then stopped publishing, once in CI).
@@ -201,3 +206,15 @@ def test_follow_joint_trajectory_server(tmp_path, root, robot, ros_context):
         thread.join(timeout=5)
         server.destroy()
         controller.destroy_node()
+
+
+def test_the_verdict_names_the_first_problem_in_report_order():
+    from omni_ros.bringup.doctor import Check, verdict
+
+    checks = [
+        Check("camera 'base'", "/a", "", "ok"),
+        Check("joint_states", "/b", "/b is stale", ""),
+        Check("prompt", "/c", "/c is published VOLATILE", ""),
+    ]
+    assert verdict(checks) == "verdict: NOT READY: /b is stale"
+    assert verdict(checks[:1]) == "verdict: ready"
