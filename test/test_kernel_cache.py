@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,3 +196,44 @@ def test_a_failed_build_is_one_error_with_the_childs_output_and_leaves_no_entry(
     with pytest.raises(xnnpack_build.KernelBuildError, match=r"failed \(exit 3\):\nlowering went wrong here"):
         _swapped(tmp_path / "cache")
     assert not list((tmp_path / "cache" / "kernels").iterdir())  # neither an entry nor its temporary folder
+
+
+def _resident_bytes_of(path) -> int:
+    """Resident bytes of this process's mappings of `path` (/proc/self/smaps), the pages a read brought in."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text(encoding="utf-8").splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = len(fields) >= 6 and fields[5] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_hashing_a_zero_copy_weight_leaves_its_file_pages_out_of_memory(tmp_path):
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    from omni_ros.policy.layouts.weights import SafetensorsFile
+    from omni_ros.policy.precision.kernel_cache import tensors_hash
+
+    weight = torch.randn(1024, 2048)  # 8 MiB: thousands of pages, so a resident fraction is measurable
+    path = tmp_path / "model.safetensors"
+    save_file({"w": weight}, path)
+    file = SafetensorsFile(path)
+    view = file.view("w")
+    size = weight.numel() * weight.element_size()
+    float(view.sum())  # a read brings every page of the tensor in
+    assert _resident_bytes_of(path) >= size // 2, "the probe must see the pages a read brings in"
+
+    digest = tensors_hash([("w", view)], {"cpu": "x"})
+
+    # The hash read the whole tensor, yet leaves (almost) none of it resident: at most the partial pages at its edges.
+    assert _resident_bytes_of(path) <= size // 16
+    # Same definition as hashing a bytes copy, so caches written before this change still hit.
+    reference = hashlib.sha256(json.dumps({"cpu": "x"}, sort_keys=True).encode())
+    reference.update(f"w|{tuple(weight.shape)}|{weight.dtype}".encode())
+    reference.update(weight.numpy().tobytes())
+    assert digest == reference.hexdigest()

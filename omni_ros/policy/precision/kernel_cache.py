@@ -44,11 +44,17 @@ def cache_root(configured: str | None = None) -> Path:
 
 def tensors_hash(tensors: Iterable[tuple[str, torch.Tensor]], extra: dict[str, Any]) -> str:
     """sha256 of named tensors (names, shapes, dtypes and bytes) and of `extra` (build settings)."""
+    from omni_ros.policy.layouts.weights import release_mapped_pages
+
     digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode())
     for name, tensor in tensors:
         t = tensor.detach().contiguous().cpu()
         digest.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().data)  # the buffer itself, not a bytes copy
+        # Reading a zero-copy weight brings its file pages back: the hash of a full-size X-VLA's float linears
+        # held 3 GB that its int8 layers no longer need (scratch, /proc/self/status RssFile).
+        release_mapped_pages(t)
     return digest.hexdigest()
 
 

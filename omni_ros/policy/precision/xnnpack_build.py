@@ -45,12 +45,16 @@ def build_in_subprocess(
     """Lower `linears` (groups and MLPs as planned) into `folder` in a child process; returns the manifest fields."""
     from safetensors.torch import save_file
 
+    from omni_ros.policy.layouts.weights import release_mapped_pages
+
     tensors = {}
     for name, linear in linears.items():
         tensors[f"{name}.weight"] = linear.weight.detach().float().contiguous()
         if linear.bias is not None:
             tensors[f"{name}.bias"] = linear.bias.detach().float().contiguous()
     save_file(tensors, str(folder / INPUTS))
+    for tensor in tensors.values():
+        release_mapped_pages(tensor)  # writing them read the float weights' file pages back in
     del tensors
     plan = {"linears": list(linears), "grouping": grouping, "mlps": [dataclasses.asdict(m) for m in mlps]}
     (folder / PLAN).write_text(json.dumps(plan), encoding="utf-8")
