@@ -1,7 +1,7 @@
 """omni_ros vs LeRobot 0.6.1 on the same X-VLA folder: chunk time, stages, peak RSS, real-time margin.
 
     .venv/bin/python bench/xvla.py [--threads 1 2] [--runs 3] [--tiny] [--fps 30] [--precisions bf16 int8]
-        [--work-dir DIR] [--lerobot-venv DIR] [--out FILE]
+        [--int8-kernels auto onednn xnnpack] [--work-dir DIR] [--lerobot-venv DIR] [--out FILE]
 
 LeRobot builds a random X-VLA (default: its 0.9 B config over Florence-2-large dims, 2 cameras at 480x640 ->
 224 px; --tiny: the fixtures' sizes, to check the script) and saves it with its processors and the fixtures' tiny
@@ -10,6 +10,8 @@ per thread count. omni_ros loads the same folder and times `infer` (fresh proces
 32 actions at --fps divided by the chunk time. Targets: eager <= 0.8x LeRobot, int8 <= 0.4x on an int8-dot CPU,
 peak RSS <= 1.3x the fp32 weights. Each omni_ros row after fp32 gives its actions' relative L2 distance from
 fp32's (`rel_l2_vs_fp32`; every row draws the same seeded noise), against the bounds of 1% (bf16) and 4% (int8).
+int8 gets a row per `--int8-kernels` entry (`policy.int8_kernel`; xnnpack's first load builds its kernels into the
+per-checkpoint cache, in a child process whose memory is not in the row's peak RSS, and later loads reuse them).
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ def lerobot_time(folder: Path, threads: int, runs: int) -> dict[str, Any]:
     return {"chunk_ms": sorted(times)[len(times) // 2], "peak_rss_mb": peak_rss_mb()}
 
 
-def omni_time(folder: Path, threads: int, runs: int, precision: str) -> dict[str, Any]:
+def omni_time(folder: Path, threads: int, runs: int, precision: str, int8_kernel: str) -> dict[str, Any]:
     import torch
     from common import cpu_facts
 
@@ -123,7 +125,7 @@ def omni_time(folder: Path, threads: int, runs: int, precision: str) -> dict[str
     torch.set_num_threads(threads)
     start = time.perf_counter()
     # The linears as the node runs them (policy.cpu_linear: packed; fp32 only, the other precisions swap them).
-    pol = omni_ros.policy.load(folder, precision=precision, cpu_linear="packed")
+    pol = omni_ros.policy.load(folder, precision=precision, cpu_linear="packed", int8_kernel=int8_kernel)
     load_s = time.perf_counter() - start
     images, rest = observation()
     obs = {"images": images, **rest}
@@ -158,6 +160,9 @@ def main() -> int:
     parser.add_argument("--lerobot-venv", default=os.environ.get("LEROBOT_VENV", "/work/venv-lerobot"))
     parser.add_argument("--out")
     parser.add_argument("--role", choices=["driver", "lerobot-build", "lerobot-time", "omni-time"], default="driver")
+    parser.add_argument(
+        "--int8-kernels", nargs="+", default=["auto"], help="policy.int8_kernel of the int8 rows, a row each"
+    )
     parser.add_argument("--precision", default="fp32")
     args = parser.parse_args()
     folder = args.work_dir / ("xvla_tiny" if args.tiny else "xvla_full")
@@ -167,7 +172,7 @@ def main() -> int:
     if args.role in ("lerobot-time", "omni-time"):
         t = args.threads[0]
         row = lerobot_time(folder, t, args.runs) if args.role == "lerobot-time" else None
-        row = row or omni_time(folder, t, args.runs, args.precision)
+        row = row or omni_time(folder, t, args.runs, args.precision, args.int8_kernels[0])
         print(json.dumps(row))
         return 0
     import numpy as np
@@ -185,8 +190,9 @@ def main() -> int:
     for threads in args.threads:
         ref = row(lerobot, "lerobot-time", threads)
         fp32_actions = None
-        for precision in args.precisions:
-            ours = row(sys.executable, "omni-time", threads, "--precision", precision)
+        variants = [(p, k) for p in args.precisions for k in (args.int8_kernels if p == "int8" else ["auto"])]
+        for precision, kernel in variants:
+            ours = row(sys.executable, "omni-time", threads, "--precision", precision, "--int8-kernels", kernel)
             actions = np.asarray(ours.pop("actions"))
             if precision == "fp32":
                 fp32_actions = actions
@@ -197,6 +203,7 @@ def main() -> int:
                 {
                     "threads": threads,
                     "precision": precision,
+                    "int8_kernel": kernel,
                     "lerobot_chunk_ms": ref["chunk_ms"],
                     "lerobot_peak_rss_mb": ref["peak_rss_mb"],
                     **ours,

@@ -237,3 +237,27 @@ def test_hashing_a_zero_copy_weight_leaves_its_file_pages_out_of_memory(tmp_path
     reference.update(f"w|{tuple(weight.shape)}|{weight.dtype}".encode())
     reference.update(weight.numpy().tobytes())
     assert digest == reference.hexdigest()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_the_builds_inputs_are_written_a_tensor_at_a_time_and_read_back_exactly(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from omni_ros.policy.layouts.weights import SafetensorsFile, save_float32
+
+    weight = torch.randn(1024, 2048)
+    path = tmp_path / "model.safetensors"
+    save_file({"w": weight}, path)
+    view = SafetensorsFile(path).view("w")
+    half = torch.randn(48, 40).to(torch.bfloat16)
+    bias = torch.randn(7)
+
+    save_float32([("a.weight", view), ("b.weight", half), ("b.bias", bias)], tmp_path / "inputs.safetensors")
+
+    back = load_file(tmp_path / "inputs.safetensors")  # safetensors' own reader accepts the file
+    assert {k: v.dtype for k, v in back.items()} == dict.fromkeys(back, torch.float32)
+    torch.testing.assert_close(back["a.weight"], weight, rtol=0, atol=0)
+    torch.testing.assert_close(back["b.weight"], half.float(), rtol=0, atol=0)
+    torch.testing.assert_close(back["b.bias"], bias, rtol=0, atol=0)
+    # Writing read the mapped weight's pages; none of them stay (at most the partial pages at its edges).
+    assert _resident_bytes_of(path) <= weight.numel() * 4 // 16

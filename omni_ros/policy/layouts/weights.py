@@ -151,6 +151,33 @@ def release_mapped_pages(tensor: torch.Tensor) -> bool:
     return False
 
 
+def save_float32(named: list[tuple[str, torch.Tensor]], path: Path) -> None:
+    """Write `named` tensors to a .safetensors file as float32, one tensor at a time.
+
+    Each tensor is cast (where it is not float32 already), written and its file pages dropped before the next:
+    safetensors' `save_file` takes every tensor at once, so handing it a model's float32 linears read all of their
+    mapped pages in together (a full-size X-VLA's first int8 load peaked at 4.9 GB against 3.1 GB of weights,
+    bench/results/xvla_amx.json before this), and a bf16 checkpoint's casts all lived at once.
+    """
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, tensor in named:
+        size = tensor.numel() * 4
+        header[name] = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the format recommends
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(blob)))
+        out.write(blob)
+        for _, tensor in named:
+            data = tensor.detach().to("cpu", torch.float32).contiguous()
+            if data.numel():
+                out.write(data.reshape(-1).numpy().data)
+            release_mapped_pages(data)
+            del data
+
+
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 

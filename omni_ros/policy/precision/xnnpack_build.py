@@ -43,19 +43,15 @@ def build_in_subprocess(
     linears: dict[str, nn.Linear], folder: Path, grouping: list[list[str]], mlps: list[MlpSpec]
 ) -> dict[str, Any]:
     """Lower `linears` (groups and MLPs as planned) into `folder` in a child process; returns the manifest fields."""
-    from safetensors.torch import save_file
+    from omni_ros.policy.layouts.weights import save_float32
 
-    from omni_ros.policy.layouts.weights import release_mapped_pages
-
-    tensors = {}
+    named = []
     for name, linear in linears.items():
-        tensors[f"{name}.weight"] = linear.weight.detach().float().contiguous()
+        named.append((f"{name}.weight", linear.weight))
         if linear.bias is not None:
-            tensors[f"{name}.bias"] = linear.bias.detach().float().contiguous()
-    save_file(tensors, str(folder / INPUTS))
-    for tensor in tensors.values():
-        release_mapped_pages(tensor)  # writing them read the float weights' file pages back in
-    del tensors
+            named.append((f"{name}.bias", linear.bias))
+    save_float32(named, folder / INPUTS)  # a tensor at a time: the float weights are never all resident at once
+    del named
     plan = {"linears": list(linears), "grouping": grouping, "mlps": [dataclasses.asdict(m) for m in mlps]}
     (folder / PLAN).write_text(json.dumps(plan), encoding="utf-8")
     command = [sys.executable, "-m", "omni_ros.policy.precision.xnnpack_build", str(folder)]
