@@ -134,12 +134,14 @@ def torch_threads(n: int) -> Iterator[None]:
 class StepThreads:
     """torch's intra-op threads for a loop of equal steps (denoising), chosen by timing them.
 
-    Where the GEMMs run on another pool (XNNPACK's), whether a step's own torch ops (norms, rotary, attention over
-    the cached prefix) are worth a second torch thread depends on the model: on the AMD EPYC with VNNI, one torch
-    thread made a full-size SmolVLA's ten steps 21% faster (497 against 629 ms) and the edge pi0's 12% slower (113
-    against 101 ms), two threads for XNNPACK both times (bench/results/xnnpack_glue_*vnni.json). So the loop tries
-    both: after `warmup` steps, steps alternate between the candidates until each has `samples` timings, then the
-    one with the lower median runs every later step.
+    Whether a step's torch ops (products of a chunk's few rows, norms, rotary, attention over the cached prefix)
+    are worth a second torch thread depends on the model, the kernels and the machine: where XNNPACK runs the
+    GEMMs on its own pool, one torch thread made a full-size SmolVLA's ten steps 21% faster on the AMD EPYC with
+    VNNI (497 against 629 ms) and the edge pi0's 12% slower (113 against 101 ms; bench/results/
+    xnnpack_glue_*vnni.json); on the Intel Xeon with AMX, with torch's passive waiting, one thread ran the edge
+    pi0's ten steps in 138 ms against 200 (fp32), 90 against 140 (bf16) and 101 against 240 (oneDNN int8; scratch
+    A/B in one process, alternating). So the loop tries both: after `warmup` steps, steps alternate between the
+    candidates until each has `samples` timings, then the one with the lower median runs every later step.
     """
 
     def __init__(self, candidates: tuple[int, ...], samples: int = 8, warmup: int = 10) -> None:

@@ -100,3 +100,44 @@ def test_step_threads_are_timed_both_ways_then_the_faster_stays():
         assert sorted(order[2:]) == [1, 1, 1, 2, 2, 2] and chooser.chosen == fast
         assert [chooser.next() for _ in range(3)] == [fast] * 3
     assert StepThreads((2,)).chosen == 2  # one candidate: nothing to time
+
+
+def test_denoising_steps_take_the_threads_their_timing_chose(torch_one_thread):
+    """On a CPU with more than one torch thread, the runner times the denoising steps on one torch thread and on
+    all of them and keeps the faster (omni_ros.cpu_threads.StepThreads), whatever the precision; torch's threads
+    are back as set after each chunk. On one thread there is nothing to choose."""
+    import numpy as np
+    import torch
+
+    from omni_ros.backends.factory import load_policy
+    from omni_ros.config import PolicyConfig
+    from omni_ros.cpu_threads import StepThreads
+
+    torch.set_num_threads(1)
+    assert load_policy(PolicyConfig(preset="tiny", precision="fp32")).runner.step_threads is None
+    torch.set_num_threads(2)
+    policy = load_policy(PolicyConfig(preset="tiny", precision="fp32"))
+    runner, seen = policy.runner, []
+    assert runner.step_threads is not None and runner.step_threads.candidates == (1, 2)
+    runner.step_threads = None  # the threads as set, for the baseline below
+    model = runner.model
+    real = model.denoise_step
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    model.denoise_step = spy
+    meta = policy.metadata
+    images = {name: np.zeros((48, 64, 3), np.uint8) for name in meta.camera_names}
+    obs = {"images": images, "state": np.zeros(meta.state_dim, np.float32), "prompt": "reach"}
+    policy.infer(obs)
+    steps = len(seen)
+    assert steps >= 3 and seen == [2] * steps  # as set
+    runner.step_threads = chooser = StepThreads((1, 2), samples=2, warmup=0)
+    seen.clear()
+    policy.infer(obs)
+    policy.infer(obs)
+    assert sorted(seen[:4]) == [1, 1, 2, 2] and chooser.chosen in (1, 2)  # two timings each, then the faster
+    assert seen[4:] == [chooser.chosen] * (2 * steps - 4)
+    assert torch.get_num_threads() == 2

@@ -103,39 +103,3 @@ def test_gradients_and_a_few_rows_take_the_eager_mlp(models):
     (grad,) = torch.autograd.grad(layer(x).square().sum(), x)  # guided RTC differentiates through a step
     (eager,) = torch.autograd.grad(mlp(*args, x).square().sum(), x)
     torch.testing.assert_close(grad, eager, rtol=0, atol=0)
-
-
-def test_denoising_steps_take_the_threads_their_timing_chose(models):
-    """With XNNPACK running the GEMMs on its own pool, the runner times the denoising steps on one torch thread and
-    on all of them and keeps the faster (omni_ros.cpu_threads.StepThreads); torch's threads are back as set after
-    each chunk. Without XNNPACK's pool (fp32 here) the steps run on the threads as set."""
-    from omni_ros.backends.factory import load_policy
-    from omni_ros.config import PolicyConfig
-    from omni_ros.cpu_threads import StepThreads
-
-    assert models[3].time_step_threads
-    torch.set_num_threads(2)
-    policy = load_policy(PolicyConfig(preset="tiny", precision="fp32"))
-    runner, seen = policy.runner, []
-    assert runner.step_threads is None and not runner.applied.time_step_threads
-    model = runner.model
-    real = model.denoise_step
-
-    def spy(*args, **kwargs):
-        seen.append(torch.get_num_threads())
-        return real(*args, **kwargs)
-
-    model.denoise_step = spy
-    meta = policy.metadata
-    images = {name: np.zeros((48, 64, 3), np.uint8) for name in meta.camera_names}
-    obs = {"images": images, "state": np.zeros(meta.state_dim, np.float32), "prompt": "reach"}
-    policy.infer(obs)
-    steps = len(seen)
-    assert steps >= 3 and seen == [2] * steps  # as set
-    runner.step_threads = chooser = StepThreads((1, 2), samples=2, warmup=0)
-    seen.clear()
-    policy.infer(obs)
-    policy.infer(obs)
-    assert sorted(seen[:4]) == [1, 1, 2, 2] and chooser.chosen in (1, 2)  # two timings each, then the faster
-    assert seen[4:] == [chooser.chosen] * (2 * steps - 4)
-    assert torch.get_num_threads() == 2

@@ -126,9 +126,11 @@ class TorchRunner:
         self.applied = apply_precision(self.model, choice, cpu_linear=cpu_linear, cache_dir=cache_dir, label=label)
         self.precision = choice.describe()
         self.packed_linears = self.applied.linears if choice.precision == "fp32" else 0
-        # torch's threads during the denoising steps, timed both ways where XNNPACK runs the GEMMs (cpu_threads.py).
+        # torch's threads during the denoising steps, on a CPU chosen by timing both ways (cpu_threads.StepThreads):
+        # with passive waiting, a step's small products and attention over the cached prefix can cost a second
+        # thread more wake-ups than it saves (the edge pi0's ten int8 steps: 249 ms on 2 threads, 101 on 1).
         threads = torch.get_num_threads()
-        self.step_threads = StepThreads((1, threads)) if self.applied.time_step_threads and threads > 1 else None
+        self.step_threads = StepThreads((1, threads)) if self.device.type == "cpu" and threads > 1 else None
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

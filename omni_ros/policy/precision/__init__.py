@@ -57,9 +57,6 @@ class AppliedPrecision:
     # MLPs run as one kernel: the activation a post-op of the bf16 products (fused_mlp.py), or one XNNPACK
     # method for the whole int8 MLP (xnnpack_mlp.py)
     fused_mlps: int = 0
-    # The GEMMs run on XNNPACK's own pool: torch's threads during the denoising steps are then chosen by timing
-    # the steps both ways (omni_ros.cpu_threads.StepThreads says why); otherwise they stay as set.
-    time_step_threads: bool = False
 
 
 # The layers between the model and the robot's numbers (state in, actions in and out, the flow time's MLP) stay
@@ -145,9 +142,7 @@ def apply_precision(
             kept, grouping=grouping, mlps=mlps, cache_root=root, label=label, cpu=detect(), num_threads=threads
         )
         fused = use_xnnpack_mlps(model, mlps)
-    return AppliedPrecision(
-        choice, count, folder, attention=_attention(model), fused_mlps=fused, time_step_threads=bool(kept)
-    )
+    return AppliedPrecision(choice, count, folder, attention=_attention(model), fused_mlps=fused)
 
 
 def _fused_mlps(model: nn.Module) -> int:
