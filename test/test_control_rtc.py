@@ -140,6 +140,26 @@ def test_the_delay_is_estimated_from_recent_latencies():
     assert fixed.inference_delay(DT) == 9
 
 
+def test_an_answer_expected_after_the_plan_ends_is_sampled_fresh_not_refused():
+    """A delay estimate past the plan's last action (a slow first chunk in the latency window) asks for a fresh
+    chunk: a request the policy must refuse ("inference_delay is longer than the chunk") would fail every tick."""
+    executor = make(latency_window=2)
+    executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)
+    request_id, _ = started(executor, 0.1)
+    executor.add_chunk(chunk_at(0.1), stamp=0.1, dt=DT, now=0.9, request_id=request_id)  # 0.8 s: 40 actions
+    assert executor.inference_delay(DT) == 40
+    executor.request_started(0.9)  # the plan (from 0.1) has 10 actions left: the answer comes after them
+    assert executor.rtc_request(0.9) is None
+    assert executor.stats.extra["rtc_requests_past_plan"] == 1
+    # Once the window holds latencies the plan can absorb, the plan is continued again.
+    for stamp in (0.92, 0.94):
+        request_id, _ = started(executor, stamp)
+        executor.add_chunk(chunk_at(stamp), stamp=stamp, dt=DT, now=stamp + 0.1, request_id=request_id)
+    executor.request_started(1.1)
+    rtc = executor.rtc_request(1.1)
+    assert rtc is not None and rtc.inference_delay == 5
+
+
 def test_a_chunk_requested_without_rtc_enters_through_a_fade():
     executor = make(inference_delay=2)
     executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)

@@ -329,8 +329,9 @@ class ActionChunkExecutor:
     def rtc_request(self, stamp: float) -> RtcRequest | None:
         """What the policy needs to continue the plan from an observation stamped `stamp` (`blending: rtc`).
 
-        None when there is nothing to continue (no plan yet, or the plan ends before `stamp`): the policy
-        then samples a fresh chunk, which enters like `linear`. Call it right after `request_started`.
+        None when there is nothing to continue (no plan yet, the plan ends before `stamp`, or before the answer is
+        expected: the estimated delay covers every action it has left): the policy then samples a fresh chunk,
+        which enters like `linear`. Call it right after `request_started`.
         """
         with self._lock:
             if self.config.blending != "rtc" or self._traj is None or self._newest is None or self._stopped():
@@ -342,8 +343,15 @@ class ActionChunkExecutor:
                 return None
             # The plan to continue is the newest chunk itself, not the blend being commanded: every fade ends
             # in it, it is what the policy itself proposed, and the new chunk only takes over after d actions.
-            plan = np.stack([chunk.at(float(t)) for t in times[:rows]])
             delay = self.inference_delay(chunk.dt)
+            if delay >= rows:
+                # The answer is expected after this plan has ended: there is nothing left to continue, so a fresh
+                # chunk is sampled. A slow first chunk (warm-up) in the latency window used to make every request
+                # of the plan fail ("inference_delay 51 is longer than the chunk"), retried each tick until the
+                # plan ran out (SmolVLA in bench/realtime.py's live run).
+                self.stats.extra["rtc_requests_past_plan"] = self.stats.extra.get("rtc_requests_past_plan", 0) + 1
+                return None
+            plan = np.stack([chunk.at(float(t)) for t in times[:rows]])
             rtc = self.config.rtc
             request = RtcRequest(
                 plan,
