@@ -139,8 +139,8 @@ class StepThreads:
     GEMMs on its own pool, one torch thread made a full-size SmolVLA's ten steps 21% faster on the AMD EPYC with
     VNNI (497 against 629 ms) and the edge pi0's 12% slower (113 against 101 ms; bench/results/
     xnnpack_glue_*vnni.json); on the Intel Xeon with AMX, with torch's passive waiting, one thread ran the edge
-    pi0's ten steps in 138 ms against 200 (fp32), 90 against 140 (bf16) and 101 against 240 (oneDNN int8; scratch
-    A/B in one process, alternating). So the loop tries both: after `warmup` steps, steps alternate between the
+    pi0's ten steps in 142 ms against 201 (fp32), 94 against 139 (bf16) and 108 against 263 (oneDNN int8;
+    bench/results/step_threads.json). So the loop tries both: after `warmup` steps, steps alternate between the
     candidates until each has `samples` timings, then the one with the lower median runs every later step.
     """
 
