@@ -108,6 +108,15 @@ class VideoWriter:
         self._container.close()
         self._container = None
 
+    def discard(self) -> None:
+        """Close without draining the encoder (the file is being thrown away). Draining an SVT-AV1 encoder after
+        a failed export hung the process in `encode()` (a CI run of test_dataset_export.py); closing the
+        container frees the encoder without asking it for what it still holds."""
+        if self._container is None:
+            return
+        container, self._container = self._container, None
+        container.close()
+
     @property
     def size_bytes(self) -> int:
         return self.path.stat().st_size if self.path.exists() else 0

@@ -225,7 +225,7 @@ class DatasetWriter:
                 cam.scratch.close()
             if cam.writer is not None:
                 with contextlib.suppress(Exception):  # an encoder that already failed: the folder goes anyway
-                    cam.writer.close()
+                    cam.writer.discard()
                 cam.writer = None
 
     def _video_path(self, cam: _Camera) -> Path:
