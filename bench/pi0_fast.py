@@ -74,7 +74,6 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from safetensors.numpy import load_file
 
     import omni_ros.policy
-    from omni_ros.policy.torch_runner import compact
 
     torch.set_num_threads(args.threads)
     work = Path(args.work_dir)
@@ -83,14 +82,13 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     images = {k.removeprefix("observation.images."): tensors[k] for k in meta["cameras"]}
     obs = {"images": images, "state": tensors["observation.state"], "prompt": meta["prompt"]}
     if args.backend == "eager":
-        # As the node and server run it: linears oneDNN-packed (policy.cpu_linear: packed), masked slots compacted.
+        # As the node and server run it: linears oneDNN-packed (policy.cpu_linear: packed), masked slots compacted,
+        # the decode steps on the torch threads the runner's timing chose.
         policy = omni_ros.policy.load(work / NAME, precision=args.precision, cpu_linear="packed")
-        model = policy.runner.model
+        eager = policy.runner
 
         def generate() -> Any:
-            inputs = policy.processor.inputs([policy.processor.parse(obs)])
-            with torch.inference_mode():
-                return model.generate(compact(inputs))
+            return eager.generate(policy.processor.inputs([policy.processor.parse(obs)]))
 
     else:
         # The runner's own token loop (prefill, then greedy decode_step over its static cache), not detokenized.

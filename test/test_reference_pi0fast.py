@@ -157,6 +157,34 @@ def test_policy_timing_reports_tokens():
     assert result["action_tokens"].dtype == np.int64
 
 
+def test_decode_steps_take_the_threads_their_timing_chose():
+    """On two torch threads the runner times the decode steps on one thread and on two and keeps the faster
+    (omni_ros.cpu_threads.StepThreads), as for the flow families' denoising steps; the tokens are LeRobot's
+    either way, and torch's threads are back as set after the chunk."""
+    from omni_ros.cpu_threads import StepThreads
+
+    torch.set_num_threads(2)
+    pol = omni_ros.policy.load(REFERENCE / "pi0fast_1cam")
+    assert pol.runner.step_threads is not None
+    pol.runner.step_threads = chooser = StepThreads((1, 2), samples=2, warmup=0)
+    model, seen = pol.runner.model, []
+    real = model.decode_step
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    model.decode_step = spy
+    result = pol.infer(observation("pi0fast_1cam", "obs_a"))
+    assert sorted(seen[:4]) == [1, 1, 2, 2] and chooser.chosen in (1, 2)  # two timings each, then the faster
+    assert seen[4:] == [chooser.chosen] * (len(seen) - 4) and len(seen) > 4
+    assert (
+        result["action_tokens"].tolist()
+        == policy("pi0fast_1cam").infer(observation("pi0fast_1cam", "obs_a"))["action_tokens"].tolist()
+    )
+    assert torch.get_num_threads() == 2
+
+
 def test_batched_decode_equals_one_at_a_time():
     """Rows finish at different steps; each must decode as it would alone."""
     pol = policy("pi0fast_3cam")

@@ -194,10 +194,15 @@ class Pi0FastModel(nn.Module):
     # -- greedy decoding ------------------------------------------------------------------------------------------
 
     def generate(
-        self, inputs: ModelInputs, keep_logits: bool = False, sync: Callable[[], None] | None = None
+        self,
+        inputs: ModelInputs,
+        keep_logits: bool = False,
+        sync: Callable[[], None] | None = None,
+        run_step: Callable[[Callable[[], torch.Tensor]], torch.Tensor] | None = None,
     ) -> Generated:
         """Greedy decoding with the KV cache, until every row has emitted the end marker (or max_decoding_steps),
-        as LeRobot 0.6.1's `sample_actions_fast_kv_cache` (temperature 0)."""
+        as LeRobot 0.6.1's `sample_actions_fast_kv_cache` (temperature 0). `run_step(fn)` runs each decode step
+        (the runner's choice of torch threads for it, omni_ros.cpu_threads.StepThreads); None calls it directly."""
 
         def now() -> float:
             if sync is not None:
@@ -213,7 +218,10 @@ class Pi0FastModel(nn.Module):
         def step(token: torch.Tensor, t: int) -> torch.Tensor:
             index = cursor.index(t)
             cursor.mask[:, index] = True  # the token goes into the cache and sees itself
-            out = self.decode_step(cache, cursor.mask, token, cursor.position, index)
+            if run_step is None:
+                out = self.decode_step(cache, cursor.mask, token, cursor.position, index)
+            else:
+                out = run_step(lambda: self.decode_step(cache, cursor.mask, token, cursor.position, index))
             cursor.advance(t)
             return out
 

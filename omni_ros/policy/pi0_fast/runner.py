@@ -16,7 +16,7 @@ from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pi0_fast.fast import FastDetokenizer
-from omni_ros.policy.pi0_fast.modeling import Pi0FastModel
+from omni_ros.policy.pi0_fast.modeling import Generated, Pi0FastModel
 from omni_ros.policy.pi0_fast.processing import RTC_REASON
 from omni_ros.policy.pipeline import Sampled
 from omni_ros.policy.precision import PrecisionChoice
@@ -49,10 +49,17 @@ class Pi0FastTorchRunner(TorchRunner):
     ) -> Sampled:
         if rtc is not None:
             raise RtcError(f"real-time chunking does not apply: {RTC_REASON}")
-        model = cast(Pi0FastModel, self.model)
-        with torch.inference_mode():
-            generated = model.generate(compact(inputs) if self.compact else inputs, sync=self._sync)
+        generated = self.generate(inputs)
         return decoded(self.detokenizer, generated.tokens, generated.prefill_ms, generated.decode_ms)
+
+    def generate(self, inputs: ModelInputs) -> Generated:
+        """The token loop alone, as `sample` runs it (not detokenized), like the exported runners' `generate`."""
+        model = cast(Pi0FastModel, self.model)
+        # The decode steps on the torch threads their timing chose, as the flow families' denoising steps: one
+        # token a step is a row of products that a second thread of passive waiting can slow down.
+        run_step = self.step_threads.step if self.step_threads is not None else None
+        with torch.inference_mode():
+            return model.generate(compact(inputs) if self.compact else inputs, sync=self._sync, run_step=run_step)
 
 
 def decoded(detokenizer: FastDetokenizer, generated: torch.Tensor, prefill_ms: float, decode_ms: float) -> Sampled:
