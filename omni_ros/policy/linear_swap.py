@@ -42,13 +42,9 @@ def return_freed_memory() -> None:
     replacements frees a float32 temporary per layer, each under glibc's mmap threshold, and the int8 results
     between them kept the freed heap resident: 560 MB of a full-size X-VLA's int8 load (scratch, RssAnon)."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        trim = None
+    # The process's own symbols: no library search (ctypes.util.find_library runs ldconfig in a subprocess).
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
 

@@ -156,8 +156,8 @@ def save_float32(named: list[tuple[str, torch.Tensor]], path: Path) -> None:
 
     Each tensor is cast (where it is not float32 already), written and its file pages dropped before the next:
     safetensors' `save_file` takes every tensor at once, so handing it a model's float32 linears read all of their
-    mapped pages in together (a full-size X-VLA's first int8 load peaked at 4.9 GB against 3.1 GB of weights,
-    bench/results/xvla_amx.json before this), and a bf16 checkpoint's casts all lived at once.
+    mapped pages in together (a full-size X-VLA's first int8 load peaked at 1.57x its weights before this), and a
+    bf16 checkpoint's casts all lived at once.
     """
     header: dict[str, Any] = {}
     offset = 0

@@ -218,10 +218,11 @@ class Pi0FastModel(nn.Module):
         def step(token: torch.Tensor, t: int) -> torch.Tensor:
             index = cursor.index(t)
             cursor.mask[:, index] = True  # the token goes into the cache and sees itself
-            if run_step is None:
-                out = self.decode_step(cache, cursor.mask, token, cursor.position, index)
-            else:
-                out = run_step(lambda: self.decode_step(cache, cursor.mask, token, cursor.position, index))
+
+            def once() -> torch.Tensor:
+                return self.decode_step(cache, cursor.mask, token, cursor.position, index)
+
+            out = once() if run_step is None else run_step(once)
             cursor.advance(t)
             return out
 

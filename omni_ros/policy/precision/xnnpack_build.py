@@ -51,7 +51,6 @@ def build_in_subprocess(
         if linear.bias is not None:
             named.append((f"{name}.bias", linear.bias))
     save_float32(named, folder / INPUTS)  # a tensor at a time: the float weights are never all resident at once
-    del named
     plan = {"linears": list(linears), "grouping": grouping, "mlps": [dataclasses.asdict(m) for m in mlps]}
     (folder / PLAN).write_text(json.dumps(plan), encoding="utf-8")
     command = [sys.executable, "-m", "omni_ros.policy.precision.xnnpack_build", str(folder)]
