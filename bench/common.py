@@ -184,6 +184,13 @@ def add_precision_args(parser: Any) -> None:
     parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
 
 
+def add_worker_args(parser: Any) -> None:
+    """The hidden arguments of a benchmark that runs each row in a fresh process of itself: `--worker` (this
+    process is one row) and the row's `--precision`."""
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--precision", help=argparse.SUPPRESS)
+
+
 def ros_listener(name: str) -> tuple[Any, Any, Callable[[], float], Callable[[Any], float]]:
     """A node on a context of its own: (context, node, now() in s, stamp(msg) in s)."""
     import rclpy

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from common import cpu_facts, cpu_seconds, emit, listen, median_ms, ros_listener, stop
+from common import add_worker_args, cpu_facts, cpu_seconds, emit, listen, median_ms, ros_listener, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 SO101_JOINTS = 6  # config/sim_so101.yaml's arm: the bench's SmolVLA is built with these state / action dims
@@ -230,8 +230,7 @@ def main() -> int:
                         / "bin" / "python"))  # fmt: skip
     parser.add_argument("--work-dir", default="/tmp/omni_realtime")
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--precision", help=argparse.SUPPRESS)
+    add_worker_args(parser)
     args = parser.parse_args()
     if args.worker:
         args.threads = args.threads[0]

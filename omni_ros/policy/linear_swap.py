@@ -22,6 +22,7 @@ def swap_linears(
     One layer at a time, each dense weight let go before the next is made: holding them all to the end would
     hold every dense weight beside its replacement (measured on the 3.2 B pi0: 1.87x the model).
     """
+    from omni_ros.heap import return_freed_memory
     from omni_ros.policy.layouts.weights import release_mapped_pages
 
     names = [name for name, m in model.named_modules() if float_cpu_linear(m) and not (keep and keep(name))]
@@ -35,18 +36,6 @@ def swap_linears(
         del dense, linear
     return_freed_memory()
     return len(names)
-
-
-def return_freed_memory() -> None:
-    """Give the heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing). Making the
-    replacements frees a float32 temporary per layer, each under glibc's mmap threshold, and the int8 results
-    between them kept the freed heap resident: 560 MB of a full-size X-VLA's int8 load (scratch, RssAnon)."""
-    import ctypes
-
-    # The process's own symbols: no library search (ctypes.util.find_library runs ldconfig in a subprocess).
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 def set_kernel(model: nn.Module, attribute: str, kernel: Callable[..., torch.Tensor]) -> int:
