@@ -20,7 +20,7 @@ apart (`policy.action_dt`). Listened to over DDS (loopback, its own domain): com
 interval between two commands, the cores each process kept busy (`cores_busy`: CPU seconds over wall seconds, of
 the simulator and of the policy), and from the ActionChunk messages (stamp, horizon, dt) when the executor ran out
 of actions: `starvations` (times a chunk's last action passed before the next chunk arrived) and the seconds spent
-holding.
+holding; and the policy node's own account of it, its status detail while the robot held.
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
     from trajectory_msgs.msg import JointTrajectory
 
     from omni_ros.config import load_config
+    from omni_ros.control.executor import PLAN_EXHAUSTED
     from omni_ros.msg import ActionChunk, PolicyStatus
 
     data = yaml.safe_load(SIM_CONFIG.read_text())
@@ -194,6 +195,8 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
         "chunk_inference_ms_p50": round(1e3 * float(np.median(latencies)), 1) if latencies else None,
         "cores_busy": cpu_share,
         **starvation(chunks),
+        # The policy node's own account, from its status detail while the robot held (ActionChunkExecutor.keeping_up).
+        "node_status_while_holding": next((s.detail for s in reversed(statuses) if PLAN_EXHAUSTED in s.detail), None),
         # Each chunk as (observation stamp, arrival, seconds of motion) from the first arrival: the raw record the
         # starvation figures come from, so they can be recomputed.
         "chunk_timeline_s": [

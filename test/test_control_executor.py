@@ -447,3 +447,44 @@ def test_preview_is_the_plan_at_the_actions_ahead_within_the_limits():
     np.testing.assert_allclose(points[:, 0], expected, atol=1e-12)
     ex.pause()
     assert ex.preview(0.25) is None  # nothing may be commanded while stopped
+
+
+# ----- keeping up -------------------------------------------------------------------------------------------
+
+
+def test_a_plan_that_runs_out_before_the_next_chunk_is_counted_and_explained():
+    executor = make()
+    # 50 actions 0.02 s apart: 1 s of motion, so chunks must arrive within 0.5 s of their observation.
+    assert executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.8).accepted
+    run(executor, 0.8, 1.5)
+    # The plan ended at 0.98 s (its last action's time): from then on the robot holds.
+    held = executor.tick(1.5)
+    assert "holding its last action" in held.reason
+    assert executor.stats.extra["plan_ran_out"] == 1
+    assert executor.add_chunk(chunk_at(0.8), stamp=0.8, dt=DT, now=1.6).accepted
+    run(executor, 1.6, 1.7)
+    # Held from the first tick past 0.98 s to the first tick with the new plan (1.6 s): one tick of slack.
+    assert executor.stats.extra["held_s"] == pytest.approx(1.6 - 0.98, abs=TICK + 1e-9)
+    why = executor.keeping_up()
+    assert "ran out 1 time(s)" in why
+    assert "0.80 s after their observation" in why and "half a chunk's motion (0.50 s)" in why
+
+
+def test_chunks_within_the_plan_leave_nothing_to_explain():
+    executor = make()
+    assert executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.3).accepted
+    for k in range(1, 6):  # each chunk observed when the one before arrived, 0.3 s later: within 0.5 s
+        run(executor, 0.3 * k, 0.3 * (k + 1))
+        assert executor.add_chunk(chunk_at(0.3 * k), stamp=0.3 * k, dt=DT, now=0.3 * (k + 1)).accepted
+    run(executor, 1.8, 2.0)
+    assert "plan_ran_out" not in executor.stats.extra
+    assert executor.keeping_up() == ""
+
+
+def test_a_stop_is_not_counted_as_the_plan_running_out():
+    executor = make()
+    assert executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.1).accepted
+    run(executor, 0.1, 0.5)
+    executor.set_estop(True)
+    run(executor, 0.5, 2.0)
+    assert "plan_ran_out" not in executor.stats.extra

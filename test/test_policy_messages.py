@@ -53,6 +53,14 @@ def test_joint_command_reaches_the_target_within_one_period():
             "inference failing: RuntimeError: boom",
         ),
         (ExecState.RUNNING, {"consecutive_errors": messages.ERROR_AFTER - 1}, PolicyStatus.RUNNING, "executing"),
+        (
+            ExecState.RUNNING,
+            {"exec_reason": "chunk exhausted, holding its last action", "keeping_up": "the plan ran out 2 time(s)"},
+            PolicyStatus.RUNNING,
+            "executing; chunk exhausted, holding its last action (the plan ran out 2 time(s))",
+        ),
+        # What the robot did before does not stay in the detail once the plan has actions again.
+        (ExecState.RUNNING, {"keeping_up": "the plan ran out 2 time(s)"}, PolicyStatus.RUNNING, "executing"),
     ],
 )
 def test_policy_state(state, kwargs, code, detail):

@@ -100,6 +100,10 @@ class ChunkReport:
     reason: str = ""
 
 
+# A command's reason while the running plan has no action left and the robot holds its last one.
+PLAN_EXHAUSTED = "chunk exhausted, holding its last action"
+
+
 @dataclass
 class ExecutorStats:
     chunks_accepted: int = 0
@@ -159,6 +163,8 @@ class ActionChunkExecutor:
         # The newest observation stamp whose chunk came back past its end while the plan moved the robot: its
         # observation can only be answered later still (answered_late).
         self._late_stamp: float | None = None
+        # Since when the running plan has had no action left (the robot holds its last one), or None.
+        self._ran_out_at: float | None = None
 
     # ----- inputs -------------------------------------------------------------------------------------------
 
@@ -432,6 +438,7 @@ class ActionChunkExecutor:
         self._newest = None
         self._rtc_pending = None
         self._late_stamp = None
+        self._ran_out_at = None  # a stop is no pause of the plan's making
 
     def _base_position(self) -> np.ndarray | None:
         return self._last_command if self._last_command is not None else self._measured
@@ -481,6 +488,43 @@ class ActionChunkExecutor:
                 points[i], previous, t_prev = point, point, float(t)
             return times - now, points
 
+    # ----- keeping up ------------------------------------------------------------------------------------------
+
+    def _plan_ran_out(self, now: float) -> None:
+        if self._ran_out_at is None:
+            self._ran_out_at = now
+            self.stats.extra["plan_ran_out"] = self.stats.extra.get("plan_ran_out", 0) + 1
+
+    def _plan_resumed(self, now: float) -> None:
+        if self._ran_out_at is not None:
+            self.stats.extra["held_s"] = self.stats.extra.get("held_s", 0.0) + (now - self._ran_out_at)
+            self._ran_out_at = None
+
+    def keeping_up(self) -> str:
+        """Why the robot pauses between chunks, when it does: "" while every chunk has arrived within the plan
+        before it; else how often the plan ran out, and what the chunks' latency asks of the policy.
+
+        With one inference at a time a chunk's observation is taken when the previous chunk arrives, so each
+        chunk must come back within the plan of the one before: latency <= half a chunk's motion (bench/
+        realtime.py's live run: a full-size SmolVLA at 1.4 s a chunk for 1.67 s of motion held 91 s of 120)."""
+        with self._lock:
+            ran_out = int(self.stats.extra.get("plan_ran_out", 0))
+            if ran_out == 0 or self._newest is None or not self._latencies:
+                return ""
+            chunk = self._newest
+            latency = float(np.median(self._latencies))
+            half = chunk.horizon * chunk.dt / 2
+            held = self.stats.extra.get("held_s", 0.0)
+            advice = (
+                f"chunks arrive {latency:.2f} s after their observation; the robot keeps moving only if that is at "
+                f"most half a chunk's motion ({half:.2f} s): a faster policy.precision, fewer cameras or a faster "
+                "computer"
+                if latency > half
+                else f"chunks arrive {latency:.2f} s after their observation, within half a chunk's motion "
+                f"({half:.2f} s)"
+            )
+            return f"the plan ran out {ran_out} time(s), holding {held:.1f} s in all; {advice}"
+
     # ----- the control tick -----------------------------------------------------------------------------------
 
     def tick(self, now: float) -> Command:
@@ -489,6 +533,7 @@ class ActionChunkExecutor:
             state = self.state
             hold = self._base_position()
             if state in (ExecState.ESTOPPED, ExecState.PAUSED, ExecState.STALE_INPUT):
+                self._ran_out_at = None  # holding for another reason than a late chunk
                 reason = self._stale_reason if state is ExecState.STALE_INPUT else state.value
                 return Command(now, None if hold is None else hold.copy(), False, state, reason or state.value)
             if self._traj is None:
@@ -511,6 +556,9 @@ class ActionChunkExecutor:
             self.stats.commands_published += int(publish)
             reason = "dry run" if self.dry_run else ""
             if self._newest is not None and now > self._newest.end:
-                reason = (reason + "; " if reason else "") + "chunk exhausted, holding its last action"
+                reason = (reason + "; " if reason else "") + PLAN_EXHAUSTED
+                self._plan_ran_out(now)
+            else:
+                self._plan_resumed(now)
             chunk_id = self._newest.chunk_id if self._newest is not None else None
             return Command(now, command.copy(), publish, state, reason, clamped, chunk_id)

@@ -17,7 +17,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from omni_ros.control.executor import ExecState
+from omni_ros.control.executor import PLAN_EXHAUSTED, ExecState
 from omni_ros.msg import ActionChunk, PolicyStatus
 from omni_ros.ros_convert import sec_to_stamp
 
@@ -97,9 +97,11 @@ def policy_state(
     exec_reason: str,
     dry_run: bool,
     controller_error: str = "",
+    keeping_up: str = "",
 ) -> tuple[int, str]:
     """The PolicyStatus code and detail: a controller failure, repeated inference failures and lifecycle
-    inactivity come first."""
+    inactivity come first. While the running plan has run out, the detail says so, with `keeping_up` (the
+    executor's account of why: ActionChunkExecutor.keeping_up)."""
     if controller_error:
         return (
             PolicyStatus.ERROR,
@@ -115,6 +117,8 @@ def policy_state(
         detail = "waiting for the first chunk"
     elif state is ExecState.RUNNING:
         detail = "dry run: chunks only" if dry_run else "executing"
+        if PLAN_EXHAUSTED in exec_reason:
+            detail += f"; {PLAN_EXHAUSTED}" + (f" ({keeping_up})" if keeping_up else "")
     else:
         detail = state.value
     return STATUS_CODES[state], detail

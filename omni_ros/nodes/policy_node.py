@@ -234,6 +234,7 @@ class PolicyNode(LifecycleNode):
             exec_reason=loop.exec_reason,
             dry_run=self.config.robot.dry_run,
             controller_error=loop.controller_error,
+            keeping_up=loop.executor.keeping_up(),
         )
         msg = messages.policy_status(
             now,
