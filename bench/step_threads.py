@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from common import cpu_facts, emit
+from common import add_worker_args, cpu_facts, emit
 from xnnpack_glue import _alternate, _observation
 
 
@@ -54,8 +54,7 @@ def main() -> int:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--precision", help=argparse.SUPPRESS)
+    add_worker_args(parser)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args)), flush=True)

@@ -139,7 +139,7 @@ class StepThreads:
     GEMMs on its own pool, one torch thread made a full-size SmolVLA's ten steps 21% faster on the AMD EPYC with
     VNNI (497 against 629 ms) and the edge pi0's 12% slower (113 against 101 ms; bench/results/
     xnnpack_glue_*vnni.json); on the Intel Xeon with AMX, with torch's passive waiting, one thread ran the edge
-    pi0's ten steps in 142 ms against 201 (fp32), 94 against 139 (bf16) and 108 against 263 (oneDNN int8;
+    pi0's ten steps in 159 ms against 222 (fp32), 99 against 154 (bf16) and 114 against 265 (oneDNN int8;
     bench/results/step_threads.json). So the loop tries both: after `warmup` steps, steps alternate between the
     candidates until each has `samples` timings, then the one with the lower median runs every later step.
     """

@@ -506,7 +506,7 @@ class ActionChunkExecutor:
 
         With one inference at a time a chunk's observation is taken when the previous chunk arrives, so each
         chunk must come back within the plan of the one before: latency <= half a chunk's motion (bench/
-        realtime.py's live run: a full-size SmolVLA at 1.4 s a chunk for 1.67 s of motion held 91 s of 120)."""
+        realtime.py's live run: a full-size SmolVLA at 1.36 s a chunk for 1.67 s of motion held 87 s of 120)."""
         with self._lock:
             ran_out = int(self.stats.extra.get("plan_ran_out", 0))
             if ran_out == 0 or self._newest is None or not self._latencies:

@@ -128,7 +128,7 @@ class TorchRunner:
         self.packed_linears = self.applied.linears if choice.precision == "fp32" else 0
         # torch's threads during the denoising steps, on a CPU chosen by timing both ways (cpu_threads.StepThreads):
         # with passive waiting, a step's small products and attention over the cached prefix can cost a second
-        # thread more wake-ups than it saves (the edge pi0's ten int8 steps: 263 ms on 2 threads, 108 on 1,
+        # thread more wake-ups than it saves (the edge pi0's ten int8 steps: 265 ms on 2 threads, 114 on 1,
         # bench/results/step_threads.json).
         threads = torch.get_num_threads()
         self.step_threads = StepThreads((1, threads)) if self.device.type == "cpu" and threads > 1 else None
