@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import platform
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -94,19 +95,28 @@ class TransposedLinear(_LaidOutLinear):
         return y if self.bias is None else y + self.bias
 
 
-def row_vector_linear(linear: nn.Linear) -> nn.Module:
-    """The layout for a linear that mostly multiplies one row at a time (a decoder's token): transposed where it
-    widens (2.2x the plain weight's speed at one thread), oneDNN-packed otherwise (512 -> 512: 66 us against 104
-    plain; at two threads packed won or tied every shape)."""
-    return TransposedLinear(linear) if linear.out_features > linear.in_features else PackedLinear(linear)
+def row_vector_layout(linear: nn.Linear) -> str:
+    """The layout for a linear that mostly multiplies one row at a time (a decoder's token): "transposed" where it
+    widens (2.2x the plain weight's speed at one thread on the AMD EPYC; on the Intel Xeon 172 against 204 us for
+    512 -> 2048), otherwise "packed" on AMD CPUs (EPYC: 512 -> 512 66 us against 104 plain; at two threads packed
+    won or tied every shape) and "plain" elsewhere: on the Intel Xeon (AMX) oneDNN's packed single-row product lost
+    to MKL's plain one at every narrowing and square shape (512 -> 512 54 against 40 us, 2048 -> 512 240 against
+    175; one thread, 24 weights in turn so none is cache resident, scratch), and the edge pi0-FAST's decode step
+    took 7.4 ms with those linears plain against 9.2 packed (one thread; 5.0 vs 6.3 at two; scratch A/B in one
+    process, bench/pi0_fast.py measures the chunk)."""
+    from omni_ros import cpu_features
+
+    if linear.out_features > linear.in_features:
+        return "transposed"
+    return "packed" if "AMD" in cpu_features.detect().model else "plain"
 
 
 def pack_linears(model: nn.Module) -> int:
     """Replace every float32 CPU `nn.Linear` of `model` by a `PackedLinear` (or, under `row_vector_modules`, the
-    layout `row_vector_linear` picks), in place; returns how many.
+    layout `row_vector_layout` picks), in place; returns how many were replaced (a "plain" one stays as it is).
 
     The linears under the modules a model lists in `row_vector_modules` (a decoder that feeds one token at a time,
-    pi0-FAST's backbone) get `row_vector_linear`'s layout instead: the edge pi0-FAST's 64-token decode took 650 ms
+    pi0-FAST's backbone) get `row_vector_layout`'s layout instead: the edge pi0-FAST's 64-token decode took 650 ms
     with those linears plain, 619-666 all packed and 518-524 with the widening ones transposed (one thread; at
     two: 655-672, 482-515, 482-515; scratch A/B, fresh processes, AMD EPYC; bench/pi0_fast.py measures the
     chunk)."""
@@ -114,10 +124,13 @@ def pack_linears(model: nn.Module) -> int:
 
     rows = tuple(f"{prefix}." for prefix in getattr(model, "row_vector_modules", ()))
 
-    def make(name: str, linear: nn.Linear) -> nn.Module:
-        return row_vector_linear(linear) if name.startswith(rows) else PackedLinear(linear)
+    def layout(name: str) -> str:
+        return row_vector_layout(cast(nn.Linear, model.get_submodule(name))) if name.startswith(rows) else "packed"
 
-    return swap_linears(model, make)
+    def make(name: str, linear: nn.Linear) -> nn.Module:
+        return TransposedLinear(linear) if layout(name) == "transposed" else PackedLinear(linear)
+
+    return swap_linears(model, make, keep=lambda name: layout(name) == "plain")
 
 
 def weight_count(model: nn.Module) -> int:

@@ -89,7 +89,7 @@ class Pi0FastModel(nn.Module):
     compactable = True  # masked camera slots and trailing pads change nothing (see torch_runner.compact)
     export_form = False  # (a class attribute: what use_export_forms switches)
     # Decoding multiplies one row at a time through the backbone: float32 lays its weights out for single rows
-    # there (omni_ros.policy.cpu_linear.row_vector_linear).
+    # there (omni_ros.policy.cpu_linear.row_vector_layout).
     row_vector_modules = ("backbone",)
 
     def __init__(self, cfg: Pi0FastConfig) -> None:
