@@ -91,6 +91,10 @@ class Pi0FastModel(nn.Module):
     # Decoding multiplies one row at a time through the backbone: float32 lays its weights out for single rows
     # there (omni_ros.policy.cpu_linear.row_vector_layout).
     row_vector_modules = ("backbone",)
+    # The logits are the final hidden state times the token embedding (tied). A precision fills `head_kernel` from
+    # outside with that product in its kernels (omni_ros/policy/precision/tied_head.py); float32 by default.
+    tied_head = "backbone.embed_tokens"
+    head_kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = staticmethod(F.linear)
 
     def __init__(self, cfg: Pi0FastConfig) -> None:
         super().__init__()
@@ -127,7 +131,7 @@ class Pi0FastModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, W) last hidden state -> (B, V): final norm, then the tied embedding as lm_head."""
-        return F.linear(self.final_norm(hidden), self.backbone.embed_tokens.weight)
+        return self.head_kernel(self.final_norm(hidden), self.backbone.embed_tokens.weight)
 
     def _mask(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return additive_mask(mask, dtype) if self.export_form else mask

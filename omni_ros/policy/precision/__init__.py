@@ -99,6 +99,7 @@ def apply_precision(
         return PackedLinear(linear) if packed else linear
 
     from omni_ros.policy.precision.shared_input import SharedInput
+    from omni_ros.policy.precision.tied_head import use_tied_heads
 
     shared = SharedInput()  # one conversion per input tensor for all of this model's bf16 / int8 linears
     if choice.precision == "bf16":
@@ -108,21 +109,25 @@ def apply_precision(
             return float32(linear) if robot_side(name) else Bf16Linear(linear, shared)
 
         count = swap_linears(model, make_bf16)
+        count += use_tied_heads(model, lambda linear: Bf16Linear(linear, shared))
         return AppliedPrecision(choice, count, attention=_attention(model), fused_mlps=_fused_mlps(model))
     from omni_ros.policy.precision.int8_linear import Int8Linear
 
     kept: dict[str, tuple[nn.Linear, Int8Linear]] = {}
+    # oneDNN's int8 GEMM without an int8 dot product: the same operands through a float32 GEMM.
+    emulate = choice.kernel == "onednn" and not choice.native
 
     def make(name: str, linear: nn.Linear) -> nn.Module:
         if robot_side(name):
             return float32(linear)
-        # oneDNN's int8 GEMM without an int8 dot product: the same operands through a float32 GEMM.
-        layer = Int8Linear(linear, emulate=choice.kernel == "onednn" and not choice.native, shared=shared)
+        layer = Int8Linear(linear, emulate=emulate, shared=shared)
         if choice.kernel == "xnnpack":
             kept[name] = (linear, layer)  # the float weights are what the XNNPACK program is built from
         return layer
 
     count = swap_linears(model, make)
+    # A tied head is no nn.Linear (nor an XNNPACK method: its products are one token's, the int8 vector path).
+    count += use_tied_heads(model, lambda linear: Int8Linear(linear, emulate=emulate, shared=shared))
     folder = None
     fused = 0
     if kept:
