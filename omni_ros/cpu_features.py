@@ -73,6 +73,12 @@ class CpuFeatures:
         return "amx_bf16" in self.bf16
 
     @property
+    def amd(self) -> bool:
+        """An AMD CPU (by its model name): where some of oneDNN's kernels measured slower than another's (the
+        int8 linear, the packed single-row product); those choices read this."""
+        return "AMD" in self.model
+
+    @property
     def known(self) -> bool:
         """Whether the flags could be read and the architecture is one we have tables for."""
         return self.flags is not None and self.arch in BF16_FLAGS

@@ -108,7 +108,7 @@ def row_vector_layout(linear: nn.Linear) -> str:
 
     if linear.out_features > linear.in_features:
         return "transposed"
-    return "packed" if "AMD" in cpu_features.detect().model else "plain"
+    return "packed" if cpu_features.detect().amd else "plain"
 
 
 def pack_linears(model: nn.Module) -> int:

@@ -65,7 +65,7 @@ def qlinear_pays() -> bool:
     torch 2.13). On the AMX Xeon it was the fastest int8 product."""
     from omni_ros import cpu_features
 
-    return qlinear_available() and "AMD" not in cpu_features.detect().model
+    return qlinear_available() and not cpu_features.detect().amd
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
