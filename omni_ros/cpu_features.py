@@ -136,6 +136,14 @@ def detect() -> CpuFeatures:
     return _this_cpu()
 
 
+@functools.lru_cache(maxsize=1)
+def hardware() -> CpuFeatures:
+    """The CPU the kernels run on, from /proc/cpuinfo whatever $OMNI_ROS_CPU_FLAGS says: what a kernel whose
+    numbers (not only its speed) depend on an instruction asks. `detect()` says what to choose; this, what the
+    chosen kernel can compute correctly here (oneDNN's int8 product without an int8 dot product saturates)."""
+    return CpuFeatures(_arch(), cpu_model(), cpu_flags())
+
+
 def missing_bf16_feature(flags: Iterable[str] | None = None, machine: str | None = None) -> str | None:
     """The CPU feature native bfloat16 needs and this CPU lacks, or None (it has one, or we cannot tell).
 

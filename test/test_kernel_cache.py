@@ -124,8 +124,10 @@ def test_int8_layers_follow_gradients_for_guided_rtc():
 
 def test_emulated_int8_is_the_int8_product():
     """Without an int8 dot product the same int8 operands go through a float32 GEMM: the integer kernels' result
-    (oneDNN's qlinear from a reordered weight, `_int_mm`) up to float32 rounding of the sums."""
-    from omni_ros.policy.precision.int8_linear import Int8Linear, qlinear_pays
+    (oneDNN's qlinear from a reordered weight, `_int_mm`) up to float32 rounding of the sums. All three against
+    the exact int8 sums (float64 holds them); on a CPU without the instructions every layer is the emulated one
+    (the integer kernels would saturate there, int8_linear.integer_products_exact)."""
+    from omni_ros.policy.precision.int8_linear import Int8Linear, integer_products_exact, qlinear_pays, quantize_rows
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 96)
@@ -134,10 +136,14 @@ def test_emulated_int8_is_the_int8_product():
     int_mm.packed = None  # the build without oneDNN's int8 linear: torch._int_mm on the plain int8 weight
     with torch.no_grad():
         integer, emulated, integer_mm = native(x), Int8Linear(linear, emulate=True)(x), int_mm(x)
+        q, scale = quantize_rows(x.reshape(-1, 256))
+        sums = q.double() @ native.qweight.double().t()
+        exact = (sums * scale.double() * native.weight_scale.double() + linear.bias.double()).float().reshape(3, 7, 96)
     assert Int8Linear(linear, emulate=True).kernel == "emulated"
-    assert (native.packed is not None) == qlinear_pays()  # oneDNN's qlinear where it is the fast product
-    torch.testing.assert_close(emulated, integer, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(integer_mm, integer, rtol=1e-5, atol=1e-5)
+    # oneDNN's qlinear where it is the fast product and the sums are exact
+    assert (native.packed is not None) == (qlinear_pays() and integer_products_exact())
+    for got in (emulated, integer, integer_mm):
+        torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5)
     assert 1e-4 < _rel(integer.numpy(), linear(x).detach().numpy()) < INT8_REL_L2  # int8, not float32 again
 
 

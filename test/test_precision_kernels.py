@@ -12,7 +12,7 @@ from omni_ros.policy.pi0.gemma import GatedMLP
 from omni_ros.policy.precision.attention import bf16_sdpa, native_bf16, use_attention_kernel
 from omni_ros.policy.precision.bf16_linear import Bf16Linear
 from omni_ros.policy.precision.fused_mlp import bf16_mlp, use_mlp_kernel
-from omni_ros.policy.precision.int8_linear import Int8Linear
+from omni_ros.policy.precision.int8_linear import Int8Linear, quantize_rows
 from omni_ros.policy.precision.shared_input import SharedInput
 
 
@@ -143,6 +143,13 @@ def _pretend_cpu(monkeypatch: pytest.MonkeyPatch, flags: str, model: str = "test
     )
 
 
+def _hardware_int8_dot() -> bool:
+    from omni_ros import cpu_features
+
+    return bool(cpu_features.hardware().int8_dot)
+
+
+@pytest.mark.skipif(not _hardware_int8_dot(), reason="needs a CPU with an int8 dot product (VNNI / AMX): none here")
 @pytest.mark.parametrize("model", ["AMD EPYC", "Intel(R) Xeon(R) Platinum 8488C"])
 def test_int8_products_skip_onednn_qlinear_on_amd(monkeypatch, model: str):
     """oneDNN's qlinear ran ~1,000x slower than `_int_mm` on an AMD EPYC with VNNI: `_int_mm` there, same sums."""
@@ -159,6 +166,29 @@ def test_int8_products_skip_onednn_qlinear_on_amd(monkeypatch, model: str):
     with torch.inference_mode():
         rel = float((layer(x) - linear(x)).norm() / linear(x).norm())
     assert 1e-5 < rel < 0.02  # int8 per channel x per token at width 64: near, not float32 again
+
+
+def test_int8_layers_emulate_where_the_hardware_lacks_an_int8_dot_product_whatever_the_flags(monkeypatch):
+    """Flags may claim VNNI ($OMNI_ROS_CPU_FLAGS, a patched detect) on a CPU without it; the integer kernels would
+    saturate there, so the layer takes the emulated product: the exact int8 sums up to float32 rounding."""
+    from omni_ros import cpu_features
+
+    _pretend_cpu(monkeypatch, "avx2 avx512_vnni")
+    avx2 = cpu_features.CpuFeatures("x86_64", "test", frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(cpu_features, "hardware", lambda: avx2)
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    layer = Int8Linear(linear)
+    assert layer.kernel == "emulated"
+    x = torch.randn(9, 64)
+    with torch.inference_mode():
+        got = layer(x)
+        q, scale = quantize_rows(x)
+        # The int8 sums exactly (float64 holds them), scaled as the layer scales them.
+        sums = q.double() @ layer.qweight.double().t()
+        exact = (sums * scale.double() * layer.weight_scale.double() + linear.bias.double()).float()
+    torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5)
+    assert 1e-5 < _rel(got, linear(x)) < 0.04  # int8, not float32 again
 
 
 @pytest.mark.skipif(not native_bf16(), reason="needs a CPU with native bf16 (AVX512_BF16 / AMX): none here")

@@ -14,9 +14,10 @@ Two kernels run the product, chosen per CPU (omni_ros/policy/precision/choice.py
   a plain weight each call, and 1.3-1.8x the packed bf16 GEMM at pi0's shapes; scratch measurements written up
   in docs/precision.md). Where the build has no such kernel, and on AMD CPUs (`qlinear_pays`), `_int_mm`.
   On a CPU without an int8 dot product neither has a fast path (45x slower than float32 at pi0 edge's vision
-  shapes on an AVX2 EPYC, bench/gemm_kernels.py), so there (`emulate=True`) the same quantized operands go
-  through a float32 GEMM: the dequantized activations times the dequantized weight, packed for oneDNN, which is
-  the int8 product scaled back up to float32 rounding of the sums;
+  shapes on an AVX2 EPYC, bench/gemm_kernels.py) nor exact sums (`integer_products_exact`), so there
+  (`emulate=True`, and whatever the caller asked where the hardware lacks the instructions) the same quantized
+  operands go through a float32 GEMM: the dequantized activations times the dequantized weight, packed for
+  oneDNN, which is the int8 product scaled back up to float32 rounding of the sums;
 - `xnnpack`: ExecuTorch's XNNPACK delegate, one method per linear in a program built once per checkpoint and
   CPU and cached (omni_ros/policy/precision/xnnpack_linears.py); where a call has more rows than the program
   was planned for, the rows go through it in slices.
@@ -68,6 +69,18 @@ def qlinear_pays() -> bool:
     return qlinear_available() and not cpu_features.detect().amd
 
 
+def integer_products_exact() -> bool:
+    """Whether this CPU's integer kernels (oneDNN's qlinear, `_int_mm`) compute exact int8 sums: only with an int8
+    dot product. Without one (AVX2: `vpmaddubsw`) oneDNN adds pairs of u8 x s8 products in saturating 16-bit lanes;
+    with oneDNN held to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`) 64- and 24-wide layers came out 7-19% off float32 against
+    under 1% with the instructions. The hardware decides, not the (possibly overridden, cpu_features.FLAGS_ENV)
+    flags; where the flags cannot be read nothing is assumed missing."""
+    from omni_ros import cpu_features
+
+    cpu = cpu_features.hardware()
+    return bool(cpu.int8_dot) or not cpu.known
+
+
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, in) float -> int8 weight (out, in) and float32 scales (out,), symmetric per output channel."""
     w = weight.detach().float()
@@ -106,6 +119,8 @@ class Int8Linear(nn.Module):
         self.kernel = "onednn"
         self.packed: Any = None  # oneDNN's reordered int8 weight (native int8 CPUs)
         self.emulated: nn.Module | None = None
+        # Asked for the integer kernels on a CPU where they would saturate: the same operands, emulated.
+        emulate = emulate or not integer_products_exact()
         if not emulate and not qlinear_pays():
             self.kernel = "int_mm"
         if emulate:
