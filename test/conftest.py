@@ -19,6 +19,15 @@ os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 # suite believes an AVX2-only CPU (auto -> fp32) wherever a test does not choose a precision or pretend a CPU
 # itself, so its tolerances hold on every machine. omni_ros/cpu_features.py FLAGS_ENV.
 os.environ.setdefault("OMNI_ROS_CPU_FLAGS", "avx2")
+# `make test-avx2`: the suite as an AVX2-only CPU computes it (no AVX-512, no int8 dot product) on any x86 machine.
+# The make target holds oneDNN and ATen to AVX2 (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY); here the hardware the
+# precision layers ask before trusting an instruction (cpu_features.hardware) reads as AVX2-only too. In this
+# process only: a test's child process runs on the real CPU's flags (with the kernels still held to AVX2).
+if os.environ.get("OMNI_ROS_TEST_HARDWARE") == "avx2":
+    from omni_ros import cpu_features
+
+    _AVX2 = cpu_features.CpuFeatures("x86_64", "AVX2-only (OMNI_ROS_TEST_HARDWARE)", frozenset({"avx2", "fma"}))
+    cpu_features.hardware = lambda: _AVX2  # type: ignore[assignment]
 # One domain per run and per xdist worker (gw0, gw1, ...): two workers never see each other's topics. The
 # controlling process picks the run's base (or keeps a ROS_DOMAIN_ID its caller set); its workers inherit that
 # environment and add their index. (A setdefault in the workers kept the inherited base: every worker on one
