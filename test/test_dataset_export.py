@@ -7,19 +7,17 @@ one LeRobot loaded when the fixture was made. No LeRobot import: the suite runs 
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import multiprocessing
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from helpers.export_child import export_in_child
 from omni_ros.cli import main
 from omni_ros.config import load_config
 from omni_ros.dataset import stats as st
-from omni_ros.dataset.export import export_dataset
 from omni_ros.dataset.reader import DatasetFolder
 from omni_ros.dataset.replay_source import dataset_config, opener
 from omni_ros.eval.bag import Bag
@@ -56,12 +54,8 @@ def exported(tmp_path_factory):
     record_sim(config, root / "bag", rec["episodes"], duration_s=rec["duration_s"])
     recorded = read_recorded_config(str(root / "bag"))
     assert recorded is not None
-    # The export runs in a fresh process, as `omni-ros dataset export` does: in two of four CI runs, inside a
-    # long-lived pytest worker, the SVT-AV1 encoder broke mid-export and then hung the worker (closing note of
-    # 2026-12-05); a child that hangs is a failure with a time-out here, not a CI run that never ends.
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        job = pool.submit(export_dataset, [str(root / "bag")], recorded.config, root / "ds", fps=FPS, progress=False)
-        summary = job.result(timeout=600)
+    # In a fresh process, killed if it overruns (helpers/export_child.py says why).
+    summary = export_in_child([str(root / "bag")], recorded.config, root / "ds", fps=FPS, progress=False)
     return root / "bag", root / "ds", summary
 
 
