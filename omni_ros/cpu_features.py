@@ -128,7 +128,7 @@ def _this_cpu() -> CpuFeatures:
     if override is not None:
         flags = frozenset(override.replace(",", " ").split())
         return CpuFeatures(_arch(), f"{cpu_model()} (flags from ${FLAGS_ENV})", flags)
-    return CpuFeatures(_arch(), cpu_model(), cpu_flags())
+    return hardware()
 
 
 def detect() -> CpuFeatures:

@@ -127,7 +127,8 @@ def test_emulated_int8_is_the_int8_product():
     (oneDNN's qlinear from a reordered weight, `_int_mm`) up to float32 rounding of the sums. All three against
     the exact int8 sums (float64 holds them); on a CPU without the instructions every layer is the emulated one
     (the integer kernels would saturate there, int8_linear.integer_products_exact)."""
-    from omni_ros.policy.precision.int8_linear import Int8Linear, integer_products_exact, qlinear_pays, quantize_rows
+    from helpers.int8_reference import exact_int8_product
+    from omni_ros.policy.precision.int8_linear import Int8Linear, integer_products_exact, qlinear_pays
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 96)
@@ -136,9 +137,7 @@ def test_emulated_int8_is_the_int8_product():
     int_mm.packed = None  # the build without oneDNN's int8 linear: torch._int_mm on the plain int8 weight
     with torch.no_grad():
         integer, emulated, integer_mm = native(x), Int8Linear(linear, emulate=True)(x), int_mm(x)
-        q, scale = quantize_rows(x.reshape(-1, 256))
-        sums = q.double() @ native.qweight.double().t()
-        exact = (sums * scale.double() * native.weight_scale.double() + linear.bias.double()).float().reshape(3, 7, 96)
+        exact = exact_int8_product(native, x)
     assert Int8Linear(linear, emulate=True).kernel == "emulated"
     # oneDNN's qlinear where it is the fast product and the sums are exact
     assert (native.packed is not None) == (qlinear_pays() and integer_products_exact())

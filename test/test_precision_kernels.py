@@ -7,12 +7,13 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.int8_reference import exact_int8_product
 from omni_ros.policy.layers import mlp, sdpa
 from omni_ros.policy.pi0.gemma import GatedMLP
 from omni_ros.policy.precision.attention import bf16_sdpa, native_bf16, use_attention_kernel
 from omni_ros.policy.precision.bf16_linear import Bf16Linear
 from omni_ros.policy.precision.fused_mlp import bf16_mlp, use_mlp_kernel
-from omni_ros.policy.precision.int8_linear import Int8Linear, quantize_rows
+from omni_ros.policy.precision.int8_linear import Int8Linear, integer_products_exact
 from omni_ros.policy.precision.shared_input import SharedInput
 
 
@@ -143,13 +144,7 @@ def _pretend_cpu(monkeypatch: pytest.MonkeyPatch, flags: str, model: str = "test
     )
 
 
-def _hardware_int8_dot() -> bool:
-    from omni_ros import cpu_features
-
-    return bool(cpu_features.hardware().int8_dot)
-
-
-@pytest.mark.skipif(not _hardware_int8_dot(), reason="needs a CPU with an int8 dot product (VNNI / AMX): none here")
+@pytest.mark.skipif(not integer_products_exact(), reason="needs a CPU with an int8 dot product (VNNI / AMX): none here")
 @pytest.mark.parametrize("model", ["AMD EPYC", "Intel(R) Xeon(R) Platinum 8488C"])
 def test_int8_products_skip_onednn_qlinear_on_amd(monkeypatch, model: str):
     """oneDNN's qlinear ran ~1,000x slower than `_int_mm` on an AMD EPYC with VNNI: `_int_mm` there, same sums."""
@@ -183,11 +178,7 @@ def test_int8_layers_emulate_where_the_hardware_lacks_an_int8_dot_product_whatev
     x = torch.randn(9, 64)
     with torch.inference_mode():
         got = layer(x)
-        q, scale = quantize_rows(x)
-        # The int8 sums exactly (float64 holds them), scaled as the layer scales them.
-        sums = q.double() @ layer.qweight.double().t()
-        exact = (sums * scale.double() * layer.weight_scale.double() + linear.bias.double()).float()
-    torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, exact_int8_product(layer, x), rtol=1e-5, atol=1e-5)
     assert 1e-5 < _rel(got, linear(x)) < 0.04  # int8, not float32 again
 
 
