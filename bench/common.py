@@ -78,6 +78,9 @@ def cpu_facts() -> dict[str, Any]:
             break
     facts["load_average"] = [round(x, 2) for x in os.getloadavg()]
     facts["steal_share_since_start"] = steal_share()
+    from omni_ros import cpu_threads
+
+    facts["omp_wait_policy"] = cpu_threads.current().wait_policy  # how torch's idle workers wait in this run
     try:  # what `policy.precision: auto` picks on this CPU, and why
         from omni_ros.policy.precision import choose
 

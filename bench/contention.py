@@ -11,9 +11,11 @@ same niceness as the benchmark) and measures, side by side in one run:
   lands on both; a block ends early when its share of `budget-s` is spent, so a setting that collapses under
   load reports fewer samples instead of running for an hour). Each thread setting runs in a fresh process,
   because OpenMP reads its settings when torch loads: `spin` (the OpenMP runtime's default, what torch does on
-  its own), `passive` (omni_ros's default, torch's thread count) and `passive-1` (one thread).
+  its own: spin ~3 ms), `passive` (omni_ros's default: sleep at once), `brief` (spin ~0.3 ms, then sleep), each
+  at torch's thread count, and `passive-1` (one thread). `--models` takes `demo`, presets and checkpoint
+  folders (keyed by the folder's name; e.g. the full-size SmolVLA of bench/realtime.py).
 - the policy node (`bench/ros_pipeline.py`'s setup: sim robot + policy node processes over DDS, demo policy,
-  50 Hz): command rate and tick jitter idle and under the same load, for `spin` and `passive`.
+  50 Hz): command rate and tick jitter idle and under the same load, for `spin`, `passive` and `brief`.
 
 Targets (issue: steady latency): with omni_ros's defaults, p95 under load <= 1.5x idle p95, and commands at
 50 Hz within 2% under load. Ratios only mean something within one run; the JSON records the load average.
@@ -38,8 +40,8 @@ from common import emit, timings_ms
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "checkpoints" / "demo"
 # name -> (omni_ros policy.omp_wait_policy, policy.num_threads)
-SETTINGS = {"spin": ("runtime", 0), "passive": ("passive", 0), "passive-1": ("passive", 1)}
-PRODUCT_DEFAULT = "passive"
+SETTINGS = {"spin": ("runtime", 0), "passive": ("passive", 0), "brief": ("brief", 0), "passive-1": ("passive", 1)}
+PRODUCT_DEFAULT = "passive"  # omni_ros.cpu_threads.DEFAULT_WAIT_POLICY
 
 
 @contextlib.contextmanager
@@ -71,6 +73,8 @@ def load_model(model: str):
 
     if model == "demo":
         return load_policy(PolicyConfig(checkpoint=str(DEMO))), 224
+    if Path(model).is_dir():  # a checkpoint folder, its cameras at a VGA camera's size
+        return load_policy(PolicyConfig(checkpoint=model)), 480
     return load_policy(PolicyConfig(preset=model), camera_names=["base", "wrist"], state_dim=8, action_dim=8), 224
 
 
@@ -113,7 +117,7 @@ def worker(model: str, setting: str, runs: int, rounds: int, budget_s: float) ->
         with busy_core():
             loaded += timed_block(call, runs, block_s)
     return {
-        "wait_policy": os.environ.get("OMP_WAIT_POLICY", "runtime default"),
+        "wait_policy": cpu_threads.current().wait_policy,
         "torch_threads": torch.get_num_threads(),
         "idle": summary(idle),
         "loaded": summary(loaded),
@@ -210,20 +214,22 @@ def main() -> int:
         for setting in args.settings:
             print(f"[bench] infer {model} / {setting} ...", file=sys.stderr, flush=True)
             case = run_worker(model, setting, args.runs, args.rounds, args.budget_s)
-            report["inference"][f"{model}/{setting}"] = case
+            report["inference"][f"{Path(model).name}/{setting}"] = case
             save_partial(report, args.out)
             print(f"[bench]   idle p95 {case['idle']['p95_ms']} ms, loaded p95 {case['loaded']['p95_ms']} ms "
                   f"({case['p95_ratio_loaded_vs_idle']}x)", file=sys.stderr, flush=True)  # fmt: skip
     if not args.skip_node:
-        node_settings = [s for s in ("spin", PRODUCT_DEFAULT) if s in args.settings]
+        node_settings = [s for s in dict.fromkeys(("spin", "passive", "brief", PRODUCT_DEFAULT)) if s in args.settings]
         report["node"] = node_cases(args.node_seconds, node_settings)
     report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
 
     targets: dict = {}
     for model in args.models:
-        case = report["inference"].get(f"{model}/{PRODUCT_DEFAULT}")
+        case = report["inference"].get(f"{Path(model).name}/{PRODUCT_DEFAULT}")
         if case:
-            targets[f"{model}_p95_under_load_within_1.5x_idle"] = bool(case["p95_ratio_loaded_vs_idle"] <= 1.5)
+            targets[f"{Path(model).name}_p95_under_load_within_1.5x_idle"] = bool(
+                case["p95_ratio_loaded_vs_idle"] <= 1.5
+            )
     node = report.get("node", {}).get(f"{PRODUCT_DEFAULT}/loaded")
     if node:
         targets["node_50hz_within_2pct_under_load"] = bool(node["command_rate_error_pct"] <= 2.0)

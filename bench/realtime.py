@@ -2,7 +2,8 @@
 precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with the executor watched for starving.
 
     .venv/bin/python bench/realtime.py [--checkpoint DIR] [--precisions fp32 bf16 int8] [--threads 1 2]
-        [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--skip-live]
+        [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--live-wait-policies passive brief]
+        [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
 
 Without `--checkpoint`, the full-size SmolVLA of bench/smolvla.py (LeRobot 0.6.1's default config over
@@ -20,7 +21,9 @@ apart (`policy.action_dt`). Listened to over DDS (loopback, its own domain): com
 interval between two commands, the cores each process kept busy (`cores_busy`: CPU seconds over wall seconds, of
 the simulator and of the policy), and from the ActionChunk messages (stamp, horizon, dt) when the executor ran out
 of actions: `starvations` (times a chunk's last action passed before the next chunk arrived) and the seconds spent
-holding; and the policy node's own account of it, its status detail while the robot held.
+holding; and the policy node's own account of it, its status detail while the robot held. With
+`--live-wait-policies A B`, the live run is repeated once per `policy.omp_wait_policy` (`live` is A's,
+`live_by_wait_policy` holds each); without it the node runs the product's default.
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ def starvation(chunks: list[tuple[float, float, float]]) -> dict[str, Any]:
     return {"starvations": events, "held_s": round(held, 2)}
 
 
-def live(args: argparse.Namespace) -> dict[str, Any]:
+def live(args: argparse.Namespace, wait_policy: str | None = None) -> dict[str, Any]:
     from rclpy.executors import SingleThreadedExecutor
     from trajectory_msgs.msg import JointTrajectory
 
@@ -131,6 +134,8 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
     sim_cameras = data["sim"]["cameras"]
     data["policy"] = {"checkpoint": str(Path(args.checkpoint).resolve()), "num_threads": 0}
     data["policy"]["precision"] = args.live_precision
+    if wait_policy is not None:
+        data["policy"]["omp_wait_policy"] = wait_policy
     # The actions play at the rate the offline rows compare against (a LeRobot checkpoint records none).
     data["policy"]["action_dt"] = 1.0 / args.fps
     data["control"] = {**data.get("control", {}), "blending": "rtc"}
@@ -188,6 +193,7 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "seconds": args.live_seconds,
         "precision": statuses[-1].precision if statuses else None,
+        "omp_wait_policy": wait_policy or "default",
         "commands_per_s": round(len(commands) / args.live_seconds, 2),
         "control_rate_hz": config.robot.control_rate_hz,
         "longest_command_gap_s": round(float(intervals.max()), 3),
@@ -228,6 +234,12 @@ def main() -> int:
     parser.add_argument("--fps", type=float, default=30.0, help="control rate the chunk's actions execute at")
     parser.add_argument("--live-seconds", type=float, default=120.0)
     parser.add_argument("--live-precision", default="auto", help="policy.precision of the live run (default auto)")
+    parser.add_argument(
+        "--live-wait-policies",
+        nargs="+",
+        choices=["passive", "brief", "active", "runtime"],
+        help="repeat the live run once per policy.omp_wait_policy (default: the product's)",
+    )
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--lerobot-python", default=str(Path(os.environ.get("LEROBOT_VENV", "/work/venv-lerobot"))
                         / "bin" / "python"))  # fmt: skip
@@ -259,8 +271,12 @@ def main() -> int:
             report["offline"][f"{precision}_{threads}_threads"] = row
             log(f"  {row['chunk_ms']:.0f} ms per chunk vs {execution_ms:.0f} ms of motion ({row['precision']})")
     if not args.skip_live and args.live_seconds > 0:
-        report["live"] = live(args)
-        log(f"live: {json.dumps({k: v for k, v in report['live'].items() if k != 'log_tail'})}")
+        runs = {policy: live(args, policy) for policy in args.live_wait_policies or [None]}
+        report["live"] = next(iter(runs.values()))
+        if args.live_wait_policies:
+            report["live_by_wait_policy"] = runs
+        for run in runs.values():
+            log(f"live: {json.dumps({k: v for k, v in run.items() if k not in ('log_tail', 'chunk_timeline_s')})}")
     report["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     emit(report, args.out)
     return 0

@@ -5,6 +5,15 @@ parallel region by default; when another process keeps one core busy, a spinning
 for the core and every parallel region waits for the loser (measured: the demo policy's inference p95 went from
 14.6 ms to 160 ms, DESIGN.md section 11). `OMP_WAIT_POLICY=PASSIVE` makes idle workers sleep instead.
 
+Sleeping at once has its own cost where waking a worker is slow: on a virtual machine an idle vCPU is halted and
+brought back for each of a model's ops (they follow each other microseconds apart), and on the 2-vCPU Xeon
+measured a full-size SmolVLA's denoising products ran no faster on 2 threads than on 1. `brief` keeps PASSIVE but
+lets an idle worker spin `BRIEF_SPIN_COUNT` iterations first (libgomp's `GOMP_SPINCOUNT`, ~0.3 ms there):
+workers stay awake through a burst of ops. It is not the default: beside a process that keeps a core busy, a
+worker that spins loses the scheduler's preference for threads that slept: the `small` preset's p50 went from
+100 to 297 ms where passive's stayed at 124-128 (bench/results/contention.json). For a machine the policy has to
+itself (a server VM) it is the faster choice.
+
 libgomp reads OMP_WAIT_POLICY and OMP_NUM_THREADS once, when it is loaded, which is when torch is imported. So:
 
 - `apply_defaults()` runs when the `omni_ros` package is imported (omni_ros/__init__.py), before any of our code
@@ -33,9 +42,17 @@ logger = logging.getLogger("omni_ros.cpu_threads")
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 NUM_THREADS_ENV = "OMP_NUM_THREADS"
+# libgomp's spin iterations before an idle worker sleeps; it wins over OMP_WAIT_POLICY's own count (0 for
+# PASSIVE, 300,000 unset, 3e10 ACTIVE: libgomp's env.c).
+SPIN_COUNT_ENV = "GOMP_SPINCOUNT"
+# 10,000 iterations: ~0.3 ms of spinning on the Intel Xeon measured; on a full-size SmolVLA chunk at 2 threads
+# 1,000 kept most of the wake-up cost and 30,000 gained little more (scratch sweep: 1,019 / 843 / 816 ms against
+# 994 passive).
+BRIEF_SPIN_COUNT = 10_000
 DEFAULT_WAIT_POLICY = "passive"
-# "runtime": leave the OpenMP runtime's own default (libgomp: spin a while, then sleep).
-WAIT_POLICIES = ("passive", "active", "runtime")
+# passive: sleep at once; brief: spin BRIEF_SPIN_COUNT, then sleep; active: spin; "runtime": leave the OpenMP
+# runtime's own default (libgomp: spin ~3 ms, then sleep).
+WAIT_POLICIES = ("passive", "brief", "active", "runtime")
 
 _warned: set[str] = set()
 
@@ -44,7 +61,7 @@ _warned: set[str] = set()
 class ThreadSettings:
     """What is in effect for this process, as far as it can be known."""
 
-    wait_policy: str  # passive, active, or runtime
+    wait_policy: str  # passive, brief, active, or runtime
     num_threads: int  # 0: torch's default
     torch_imported: bool
 
@@ -57,15 +74,34 @@ def torch_imported() -> bool:
 
 
 def apply_defaults() -> None:
-    """PASSIVE waiting unless the environment says otherwise; a no-op once torch is loaded."""
-    if WAIT_POLICY_ENV in os.environ or torch_imported():
+    """The default wait policy unless the environment sets one (either variable); a no-op once torch is loaded."""
+    if WAIT_POLICY_ENV in os.environ or SPIN_COUNT_ENV in os.environ or torch_imported():
         return
-    os.environ[WAIT_POLICY_ENV] = DEFAULT_WAIT_POLICY.upper()
+    _set_wait_policy(DEFAULT_WAIT_POLICY)
+
+
+def _set_wait_policy(policy: str) -> None:
+    """The environment libgomp reads when torch loads."""
+    for name in (WAIT_POLICY_ENV, SPIN_COUNT_ENV):
+        os.environ.pop(name, None)
+    if policy in ("passive", "brief"):
+        os.environ[WAIT_POLICY_ENV] = "PASSIVE"
+    elif policy == "active":
+        os.environ[WAIT_POLICY_ENV] = "ACTIVE"
+    if policy == "brief":
+        os.environ[SPIN_COUNT_ENV] = str(BRIEF_SPIN_COUNT)
+
+
+def _wait_policy_in_effect() -> str:
+    value = os.environ.get(WAIT_POLICY_ENV, "").strip().lower()
+    spin = os.environ.get(SPIN_COUNT_ENV, "").strip()
+    if spin and value != "active":  # libgomp: the spin count wins over the policy's own
+        return "passive" if spin == "0" else "brief"
+    return value if value in ("passive", "active") else "runtime"
 
 
 def current() -> ThreadSettings:
-    value = os.environ.get(WAIT_POLICY_ENV, "").strip().lower()
-    wait = value if value in ("passive", "active") else "runtime"
+    wait = _wait_policy_in_effect()
     threads = 0
     if torch_imported():
         threads = int(sys.modules["torch"].get_num_threads())
@@ -97,10 +133,8 @@ def configure(policy: Any = None, *, wait_policy: str | None = None, num_threads
                     f"policy stays {current().wait_policy} (set {WAIT_POLICY_ENV} in the environment, or import "
                     f"omni_ros before torch)"
                 )
-            elif wait_policy == "runtime":
-                os.environ.pop(WAIT_POLICY_ENV, None)
             else:
-                os.environ[WAIT_POLICY_ENV] = wait_policy.upper()
+                _set_wait_policy(wait_policy)
     if num_threads:
         if num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {num_threads}")

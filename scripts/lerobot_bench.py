@@ -367,6 +367,7 @@ def measure(policy_name: str, out: Path, threads: int, runs: int, warmup: int) -
         "folder": str(folder),
         "threads": threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),  # spin iterations before an idle worker sleeps
         "runs": runs,
         "warmup": warmup,
         "latency_ms": stages["total"]["median_ms"],

@@ -17,7 +17,7 @@ from omni_ros.config import ConfigError, load_config
 
 
 def _python(code: str, env_update: dict[str, str | None], cwd=None) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     env.update({k: v for k, v in env_update.items() if v is not None})
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=cwd)
     assert done.returncode == 0, done.stderr
@@ -25,9 +25,16 @@ def _python(code: str, env_update: dict[str, str | None], cwd=None) -> str:
 
 
 def test_importing_omni_ros_makes_idle_workers_sleep_unless_the_environment_says_otherwise():
-    code = "import os, omni_ros; print(os.environ.get('OMP_WAIT_POLICY'))"
-    assert _python(code, {}) == "PASSIVE"
-    assert _python(code, {"OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
+    code = (
+        "import os, omni_ros\n"
+        "from omni_ros import cpu_threads\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), cpu_threads.current().wait_policy)"
+    )
+    assert _python(code, {}) == "PASSIVE None passive"
+    assert _python(code, {"OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE None active"
+    # libgomp: a spin count wins over the wait policy's own, so the user's count is their choice and stays.
+    assert _python(code, {"GOMP_SPINCOUNT": "2000"}) == "None 2000 brief"
+    assert _python(code, {"GOMP_SPINCOUNT": "0"}) == "None 0 passive"
 
 
 def test_entry_points_read_their_config_before_anything_imports_torch():
@@ -45,20 +52,26 @@ def test_entry_points_read_their_config_before_anything_imports_torch():
 
 def test_the_config_sets_wait_policy_and_threads_before_torch_starts(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("policy: {omp_wait_policy: active, num_threads: 1}\n")
     code = (
         "import argparse, json, os\n"
         "from omni_ros.commands.common import config_from_args\n"
         f"config_from_args(argparse.Namespace(config={str(config)!r}, sim=False))\n"
         "import torch\n"
-        "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), torch.get_num_threads()]))"
+        "names = ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')\n"
+        "print(json.dumps([os.environ.get(k) for k in names] + [torch.get_num_threads()]))"
     )
-    assert json.loads(_python(code, {})) == ["ACTIVE", 1]
-    config.write_text("policy: {omp_wait_policy: runtime}\n")
-    assert json.loads(_python(code, {}))[0] is None  # the OpenMP runtime's own default
+
+    def run(policy: str, env: dict[str, str | None] | None = None) -> list:
+        config.write_text(f"policy: {policy}\n")
+        return json.loads(_python(code, env or {}))
+
+    assert run("{omp_wait_policy: active, num_threads: 1}") == ["ACTIVE", None, 1]
+    assert run("{omp_wait_policy: runtime}")[:2] == [None, None]  # the OpenMP runtime's own default
+    # passive sleeps at once: a spin count set by the default (or the environment) does not stay behind.
+    assert run("{omp_wait_policy: passive, num_threads: 1}", {"GOMP_SPINCOUNT": "5"}) == ["PASSIVE", None, 1]
+    assert run("{omp_wait_policy: brief, num_threads: 1}", {"OMP_WAIT_POLICY": "ACTIVE"}) == ["PASSIVE", "10000", 1]
     # Without a config value, the user's environment stays.
-    config.write_text("policy: {num_threads: 1}\n")
-    assert json.loads(_python(code, {"OMP_WAIT_POLICY": "ACTIVE"})) == ["ACTIVE", 1]
+    assert run("{num_threads: 1}", {"OMP_WAIT_POLICY": "ACTIVE"}) == ["ACTIVE", None, 1]
 
 
 def test_too_late_is_said_once_and_threads_still_change(caplog):
@@ -80,7 +93,9 @@ def test_too_late_is_said_once_and_threads_still_change(caplog):
 def test_bad_values_are_config_errors(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("policy: {omp_wait_policy: sleepy}\n")
-    with pytest.raises(ConfigError, match=r"policy\.omp_wait_policy: expected one of 'passive', 'active', 'runtime'"):
+    with pytest.raises(
+        ConfigError, match=r"policy\.omp_wait_policy: expected one of 'passive', 'brief', 'active', 'runtime'"
+    ):
         load_config(path)
     with pytest.raises(ValueError, match="must be one of"):
         cpu_threads.configure(wait_policy="sleepy")

@@ -72,9 +72,11 @@ class PolicyConfig:
     seed: int | None = 0
     # torch intra-op threads; 0 keeps torch's default (one per core). Set before torch starts its pool.
     num_threads: int = 0
-    # How torch's idle OpenMP workers wait: passive (sleep; steady on a shared CPU), active (spin), runtime
-    # (the OpenMP default); null keeps $OMP_WAIT_POLICY, else passive. See omni_ros/cpu_threads.py.
-    omp_wait_policy: Literal["passive", "active", "runtime"] | None = None
+    # How torch's idle OpenMP workers wait: passive (sleep at once; steady beside busy processes), brief (spin
+    # ~0.3 ms, then sleep: faster where the policy has the CPU to itself, slower beside a busy process), active
+    # (spin), runtime (the OpenMP default: spin ~3 ms); null keeps $OMP_WAIT_POLICY, else passive. See
+    # omni_ros/cpu_threads.py and docs/policy.md.
+    omp_wait_policy: Literal["passive", "brief", "active", "runtime"] | None = None
     # What the GEMMs compute in (omni_ros/policy/precision): auto picks, from the CPU's instructions, the fastest
     # path whose accuracy is verified (bf16 on AMX CPUs, int8 where there is an int8 dot product (VNNI, Arm
     # dotprod), fp32 otherwise); fp32, bf16 (bf16 GEMMs, float32 elsewhere: within 1% of fp32's actions) and int8
