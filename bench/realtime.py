@@ -3,7 +3,7 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
 
     .venv/bin/python bench/realtime.py [--checkpoint DIR] [--precisions fp32 bf16 int8] [--threads 1 2]
         [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--live-wait-policies passive brief]
-        [--skip-live]
+        [--live-executors events single] [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
 
 Without `--checkpoint`, the full-size SmolVLA of bench/smolvla.py (LeRobot 0.6.1's default config over
@@ -23,7 +23,8 @@ the simulator and of the policy), and from the ActionChunk messages (stamp, hori
 of actions: `starvations` (times a chunk's last action passed before the next chunk arrived) and the seconds spent
 holding; and the policy node's own account of it, its status detail while the robot held. With
 `--live-wait-policies A B`, the live run is repeated once per `policy.omp_wait_policy` (`live` is A's,
-`live_by_wait_policy` holds each); without it the node runs the product's default.
+`live_by_wait_policy` holds each); without it the node runs the product's default. `--live-executors A B` does the
+same per rclpy executor of both nodes (`$OMNI_ROS_EXECUTOR`, omni_ros/ros_env.py; `live_by_executor`).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def starvation(chunks: list[tuple[float, float, float]]) -> dict[str, Any]:
     return {"starvations": events, "held_s": round(held, 2)}
 
 
-def live(args: argparse.Namespace, wait_policy: str | None = None) -> dict[str, Any]:
+def live(args: argparse.Namespace, wait_policy: str | None = None, executor: str | None = None) -> dict[str, Any]:
     from rclpy.executors import SingleThreadedExecutor
     from trajectory_msgs.msg import JointTrajectory
 
@@ -150,8 +151,10 @@ def live(args: argparse.Namespace, wait_policy: str | None = None) -> dict[str, 
         cli = [sys.executable, "-m", "omni_ros.cli"]
         cmds = [[*cli, "node", "sim", "--config", str(path)], [*cli, "node", "policy", "--config", str(path), "--sim"]]
         logs = [open(Path(tmp) / f"{i}.log", "w") for i in range(2)]  # noqa: SIM115 (closed below)
+        env = {**os.environ, **({"OMNI_ROS_EXECUTOR": executor} if executor else {})}
         procs = [
-            subprocess.Popen(c, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT) for c, f in zip(cmds, logs, strict=True)
+            subprocess.Popen(c, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
+            for c, f in zip(cmds, logs, strict=True)
         ]
         context, node, now, stamp = ros_listener("bench_realtime_listener")
         commands: list[float] = []
@@ -166,13 +169,13 @@ def live(args: argparse.Namespace, wait_policy: str | None = None) -> dict[str, 
         node.create_subscription(JointTrajectory, config.control.command_topic, lambda m: commands.append(now()), 200)
         node.create_subscription(ActionChunk, "/omni_ros/action_chunk", on_chunk, 50)
         node.create_subscription(PolicyStatus, config.status.topic, statuses.append, 10)
-        executor = SingleThreadedExecutor(context=context)
-        executor.add_node(node)
+        spinner = SingleThreadedExecutor(context=context)
+        spinner.add_node(node)
         try:
             log(f"live: waiting for the first command (loading {args.checkpoint}), then {args.live_seconds:g} s")
             cpu_before: list[float] = []
             listen(
-                executor,
+                spinner,
                 lambda: len(chunks) >= 2,
                 [commands, chunks, latencies],
                 5.0,
@@ -185,7 +188,7 @@ def live(args: argparse.Namespace, wait_policy: str | None = None) -> dict[str, 
                 for name, p, before in zip(("sim", "policy"), procs, cpu_before, strict=True)
             }
         finally:
-            stop(executor, node, context, procs)
+            stop(spinner, node, context, procs)
             for f in logs:
                 f.close()
         tail = [(Path(tmp) / f"{i}.log").read_text()[-1500:] for i in range(2)]
@@ -194,6 +197,7 @@ def live(args: argparse.Namespace, wait_policy: str | None = None) -> dict[str, 
         "seconds": args.live_seconds,
         "precision": statuses[-1].precision if statuses else None,
         "omp_wait_policy": wait_policy or "default",
+        "executor": executor or "default",
         "commands_per_s": round(len(commands) / args.live_seconds, 2),
         "control_rate_hz": config.robot.control_rate_hz,
         "longest_command_gap_s": round(float(intervals.max()), 3),
@@ -240,6 +244,12 @@ def main() -> int:
         choices=["passive", "brief", "active", "runtime"],
         help="repeat the live run once per policy.omp_wait_policy (default: the product's)",
     )
+    parser.add_argument(
+        "--live-executors",
+        nargs="+",
+        choices=["events", "single"],
+        help="repeat the live run once per rclpy executor of the nodes (default: the product's)",
+    )
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--lerobot-python", default=str(Path(os.environ.get("LEROBOT_VENV", "/work/venv-lerobot"))
                         / "bin" / "python"))  # fmt: skip
@@ -271,10 +281,14 @@ def main() -> int:
             report["offline"][f"{precision}_{threads}_threads"] = row
             log(f"  {row['chunk_ms']:.0f} ms per chunk vs {execution_ms:.0f} ms of motion ({row['precision']})")
     if not args.skip_live and args.live_seconds > 0:
-        runs = {policy: live(args, policy) for policy in args.live_wait_policies or [None]}
+        # One live run per variant asked for (the first is `live`), else one with the product's defaults.
+        variants = [("wait_policy", p) for p in args.live_wait_policies or []]
+        variants += [("executor", e) for e in args.live_executors or []]
+        runs = {(kind, value): live(args, **{kind: value}) for kind, value in variants or [("wait_policy", None)]}
         report["live"] = next(iter(runs.values()))
-        if args.live_wait_policies:
-            report["live_by_wait_policy"] = runs
+        for kind, key in (("wait_policy", "live_by_wait_policy"), ("executor", "live_by_executor")):
+            if any(k == kind for k, _ in variants):
+                report[key] = {value: run for (k, value), run in runs.items() if k == kind}
         for run in runs.values():
             log(f"live: {json.dumps({k: v for k, v in run.items() if k not in ('log_tail', 'chunk_timeline_s')})}")
     report["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]

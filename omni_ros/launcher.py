@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from omni_ros.config import OmniConfig
-from omni_ros.ros_env import default_to_localhost, shutdown_executor
+from omni_ros.ros_env import default_to_localhost, make_executor, shutdown_executor
 
 
 def node_names(config: OmniConfig, sim: bool, bridge: bool, tts: bool) -> list[str]:
@@ -52,7 +52,7 @@ def run_stack(
 
 def _run_in_process(config: OmniConfig, names: list[str], duration: float) -> int:
     import rclpy
-    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    from rclpy.executors import ExternalShutdownException
     from rclpy.lifecycle import TransitionCallbackReturn
     from std_msgs.msg import String
 
@@ -110,7 +110,7 @@ def _run_in_process(config: OmniConfig, names: list[str], duration: float) -> in
 
         # One thread for callbacks is enough (they are short: inference and the control loop have their own
         # threads) and avoids the MultiThreadedExecutor's busy polling, which starves those threads of the GIL.
-        executor = SingleThreadedExecutor()
+        executor = make_executor()
         for node in nodes:
             executor.add_node(node)
         stop = {"flag": False}

@@ -17,6 +17,32 @@ def default_to_localhost() -> None:
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 
 
+# Which rclpy executor spins our nodes: "events" (rclpy's EventsExecutor: a C++ event queue) or "single" (the
+# SingleThreadedExecutor). The events one is the default: the single one rebuilds its wait set in Python at every
+# wake-up (a lifecycle node has dozens of services, publishers and QoS event handlers), so each camera frame and
+# joint state took the GIL away from the inference thread; with the events one a live full-size SmolVLA's chunks
+# came sooner and the simulator's node used less CPU (bench/results/realtime.json, `live_by_executor`).
+EXECUTOR_ENV = "OMNI_ROS_EXECUTOR"
+EXECUTORS = ("events", "single")
+
+
+def make_executor() -> Any:
+    """The executor `$OMNI_ROS_EXECUTOR` names (default events; an rclpy without it gets the single one)."""
+    choice = os.environ.get(EXECUTOR_ENV, "").strip().lower() or EXECUTORS[0]
+    if choice not in EXECUTORS:
+        raise ValueError(f"${EXECUTOR_ENV} must be one of {', '.join(EXECUTORS)}, got {choice!r}")
+    if choice == "events":
+        try:
+            from rclpy.experimental import EventsExecutor
+        except ImportError:  # rclpy before Jazzy
+            pass
+        else:
+            return EventsExecutor()
+    from rclpy.executors import SingleThreadedExecutor
+
+    return SingleThreadedExecutor()
+
+
 def shutdown_executor(executor: Any, timeout: float = 5.0) -> None:
     """Let callbacks already handed to worker threads finish, then shut the executor down.
 
@@ -37,9 +63,9 @@ def spin_until_shutdown(node: Any, executor: Any = None, duration: float = 0.0) 
     stops the same way.
     """
     import rclpy
-    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    from rclpy.executors import ExternalShutdownException
 
-    executor = executor or SingleThreadedExecutor()
+    executor = executor or make_executor()
     executor.add_node(node)
     deadline = time.monotonic() + duration if duration > 0 else float("inf")
     try:

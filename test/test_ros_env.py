@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture
-def rclpy_started():
+@pytest.fixture(params=["events", "single"])
+def rclpy_started(request, monkeypatch):
+    """rclpy started, and the spin loop on each executor `$OMNI_ROS_EXECUTOR` can name."""
     import rclpy
+
+    monkeypatch.setenv("OMNI_ROS_EXECUTOR", request.param)
 
     rclpy.init()
     yield rclpy
@@ -45,3 +48,20 @@ def test_a_callback_error_while_running_still_fails(rclpy_started):
     node.create_timer(0.01, tick)
     with pytest.raises(RuntimeError, match="a real bug"):
         spin_until_shutdown(node, duration=10.0)
+
+
+def test_the_executor_is_the_events_one_unless_the_environment_names_the_single_one(request, monkeypatch):
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+
+    from omni_ros.ros_env import make_executor
+
+    rclpy.init()
+    request.addfinalizer(rclpy.try_shutdown)
+    monkeypatch.delenv("OMNI_ROS_EXECUTOR", raising=False)
+    assert type(make_executor()).__name__ == "EventsExecutor"  # rclpy's C++ one (rclpy.experimental)
+    monkeypatch.setenv("OMNI_ROS_EXECUTOR", "single")
+    assert isinstance(make_executor(), SingleThreadedExecutor)
+    monkeypatch.setenv("OMNI_ROS_EXECUTOR", "multi")
+    with pytest.raises(ValueError, match=r"OMNI_ROS_EXECUTOR must be one of events, single, got 'multi'"):
+        make_executor()
