@@ -26,12 +26,18 @@ EXECUTOR_ENV = "OMNI_ROS_EXECUTOR"
 EXECUTORS = ("events", "single")
 
 
-def make_executor() -> Any:
-    """The executor `$OMNI_ROS_EXECUTOR` names (default events; an rclpy without it gets the single one)."""
+def executor_choice() -> str:
+    """The executor `$OMNI_ROS_EXECUTOR` names (default events); ValueError for another name. Checked before a
+    node loads its policy, so a typo fails in a second, not after the load."""
     choice = os.environ.get(EXECUTOR_ENV, "").strip().lower() or EXECUTORS[0]
     if choice not in EXECUTORS:
         raise ValueError(f"${EXECUTOR_ENV} must be one of {', '.join(EXECUTORS)}, got {choice!r}")
-    if choice == "events":
+    return choice
+
+
+def make_executor() -> Any:
+    """The executor `executor_choice()` names (an rclpy without the events one gets the single one)."""
+    if executor_choice() == "events":
         try:
             from rclpy.experimental import EventsExecutor
         except ImportError:  # rclpy before Jazzy
@@ -104,6 +110,11 @@ def run_node(
     import rclpy
 
     default_to_localhost()
+    try:
+        executor_choice()
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     rclpy.init(args=[prog, *ros_args])
     try:
         node = make_node()

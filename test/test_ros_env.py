@@ -65,3 +65,27 @@ def test_the_executor_is_the_events_one_unless_the_environment_names_the_single_
     monkeypatch.setenv("OMNI_ROS_EXECUTOR", "multi")
     with pytest.raises(ValueError, match=r"OMNI_ROS_EXECUTOR must be one of events, single, got 'multi'"):
         make_executor()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["node", "policy", "--config", "config/sim.yaml", "--sim"],
+        ["up", "--sim", "--duration", "5"],
+    ],
+    ids=["node", "up"],
+)
+def test_an_unknown_executor_is_one_line_before_any_policy_loads(command):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMNI_ROS_EXECUTOR": "multi"}
+    done = subprocess.run(
+        [sys.executable, "-m", "omni_ros.cli", *command], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert "$OMNI_ROS_EXECUTOR must be one of events, single, got 'multi'" in done.stderr
+    assert "Traceback" not in done.stderr and "configured" not in done.stderr + done.stdout
