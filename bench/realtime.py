@@ -43,6 +43,9 @@ import numpy as np
 import yaml
 from common import add_worker_args, cpu_facts, cpu_seconds, emit, listen, median_ms, ros_listener, stop
 
+from omni_ros.cpu_threads import WAIT_POLICIES
+from omni_ros.ros_env import EXECUTORS
+
 ROOT = Path(__file__).resolve().parent.parent
 SO101_JOINTS = 6  # config/sim_so101.yaml's arm: the bench's SmolVLA is built with these state / action dims
 FOLDER = "smolvla_full"  # what scripts/lerobot_bench.py --policy smolvla writes
@@ -241,13 +244,13 @@ def main() -> int:
     parser.add_argument(
         "--live-wait-policies",
         nargs="+",
-        choices=["passive", "brief", "active", "runtime"],
+        choices=WAIT_POLICIES,
         help="repeat the live run once per policy.omp_wait_policy (default: the product's)",
     )
     parser.add_argument(
         "--live-executors",
         nargs="+",
-        choices=["events", "single"],
+        choices=EXECUTORS,
         help="repeat the live run once per rclpy executor of the nodes (default: the product's)",
     )
     parser.add_argument("--skip-live", action="store_true")
