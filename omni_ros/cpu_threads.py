@@ -31,7 +31,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -80,16 +80,27 @@ def apply_defaults() -> None:
     _set_wait_policy(DEFAULT_WAIT_POLICY)
 
 
+def wait_policy_env(policy: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`base` (default: this process's environment) with the variables libgomp reads for `policy`: the
+    environment of a child process that is to run under that wait policy."""
+    env = dict(os.environ if base is None else base)
+    for name in (WAIT_POLICY_ENV, SPIN_COUNT_ENV):
+        env.pop(name, None)
+    if policy in ("passive", "brief"):
+        env[WAIT_POLICY_ENV] = "PASSIVE"
+    elif policy == "active":
+        env[WAIT_POLICY_ENV] = "ACTIVE"
+    if policy == "brief":
+        env[SPIN_COUNT_ENV] = str(BRIEF_SPIN_COUNT)
+    return env
+
+
 def _set_wait_policy(policy: str) -> None:
     """The environment libgomp reads when torch loads."""
+    wanted = wait_policy_env(policy, {})
     for name in (WAIT_POLICY_ENV, SPIN_COUNT_ENV):
         os.environ.pop(name, None)
-    if policy in ("passive", "brief"):
-        os.environ[WAIT_POLICY_ENV] = "PASSIVE"
-    elif policy == "active":
-        os.environ[WAIT_POLICY_ENV] = "ACTIVE"
-    if policy == "brief":
-        os.environ[SPIN_COUNT_ENV] = str(BRIEF_SPIN_COUNT)
+    os.environ.update(wanted)
 
 
 def _wait_policy_in_effect() -> str:

@@ -37,6 +37,20 @@ def test_importing_omni_ros_makes_idle_workers_sleep_unless_the_environment_says
     assert _python(code, {"GOMP_SPINCOUNT": "0"}) == "None 0 passive"
 
 
+def test_a_child_process_environment_for_each_wait_policy():
+    """What a benchmark hands a worker to run it under a wait policy: libgomp's variables replaced, the rest kept."""
+    base = {"PATH": "/bin", "OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "5"}
+    assert cpu_threads.wait_policy_env("passive", base) == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    brief = cpu_threads.wait_policy_env("brief", base)
+    assert brief["OMP_WAIT_POLICY"] == "PASSIVE" and int(brief["GOMP_SPINCOUNT"]) > 0
+    assert cpu_threads.wait_policy_env("active", base) == {"PATH": "/bin", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert cpu_threads.wait_policy_env("runtime", base) == {"PATH": "/bin"}  # libgomp's own default
+    code = "import os, omni_ros\nfrom omni_ros import cpu_threads\nprint(cpu_threads.current().wait_policy)"
+    for policy in ("passive", "brief", "active"):
+        env = cpu_threads.wait_policy_env(policy, {})
+        assert _python(code, {"OMP_WAIT_POLICY": None, **env}) == policy  # and the child reads it back as such
+
+
 def test_entry_points_read_their_config_before_anything_imports_torch():
     # What the CLI, the node mains, the launcher and the evaluator import before they read the config.
     code = (

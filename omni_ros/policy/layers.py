@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -110,28 +111,42 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
 
     The mask costs torch's CPU flash attention a third of its time (pi0 edge's prefix, bf16, one thread: 3.4 ms
     with an all-True mask, 2.1 without), and the masks the families build are mostly True: a prefix that
-    attends to all of itself, a denoising step whose state row alone may not see the actions. So rows that
-    attend to every key run without a mask: all of them (the mask is dropped), or a trailing run of them at
-    least as long as the masked rows before it (two calls). Each row's softmax is its own, so the numbers are
-    the same. On a GPU the mask stays (reading it back would stall the stream for less than it saves).
+    attends to all of itself, a denoising step whose state row alone may not see the actions, a decoding step
+    that sees its prompt and the tokens before it. So rows that attend to every key run without a mask: all of
+    them (the mask is dropped), or a trailing run of them at least as long as the masked rows before it (two
+    calls; the masked rows' call leaves out the keys none of them attends to, and its mask where it is then all
+    True). Each row's softmax is its own, so the numbers are the same. On a GPU the mask stays (reading it would
+    stall the stream).
     """
     if mask is None or mask.dtype != torch.bool or mask.device.type != "cpu":
         return _sdpa(q, k, v, mask)
-    full = mask.all(dim=-1).flatten(0, -2).all(dim=0)  # (Tq,): rows that attend to every key, in every batch
-    if bool(full.all()):
+    # The checks read the mask through numpy (no copy): torch's reductions of a small bool tensor took 8 us
+    # each, numpy's 1.6, which matters beside a decoding step's 20 us attention.
+    m = mask.numpy()
+    if m.all():
         return _sdpa(q, k, v, None)
     tq = q.shape[2]
-    masked = int(full.logical_not().nonzero().max()) + 1  # the rows before the trailing run of full ones
-    if mask.shape[-2] != tq or 2 * masked > tq:
+    if m.shape[-2] != tq or tq < 2 or not m[..., tq // 2 :, :].all() or not m.any(axis=-1).all():
+        # More masked rows than full ones after them, or a row that attends to nothing (whatever torch makes
+        # of it). Leaving out the keys no row attends to would not pay here: a decoding step's cache is mostly
+        # seen, and slicing k, v and the mask costs about what it saves (bf16, one row: 8 us of 23).
         return _sdpa(q, k, v, mask)
-    head_mask = mask[..., :masked, :]
-    if not bool(head_mask.any(dim=-1).all()):
-        return _sdpa(q, k, v, mask)  # a row that attends to nothing: whatever torch makes of it
-    # Keys no masked row attends to (the actions, for pi0's state row) are left out of its call.
-    seen = int(head_mask.any(dim=-2).flatten(0, -2).any(dim=0).nonzero().max()) + 1
-    head_mask = head_mask[..., :seen]
-    head = _sdpa(q[:, :, :masked], k[:, :, :seen], v[:, :, :seen], None if bool(head_mask.all()) else head_mask)
-    return torch.cat([head, _sdpa(q[:, :, masked:], k, v, None)], dim=2)
+    full = m.all(axis=-1).reshape(-1, tq).all(axis=0)  # rows that attend to every key, in every batch
+    masked = int(np.flatnonzero(~full)[-1]) + 1  # the rows before the trailing run of full ones
+    k_head, v_head, head_mask, head = _seen_keys(k, v, mask[..., :masked, :], m[..., :masked, :])
+    out = _sdpa(q[:, :, :masked], k_head, v_head, None if head.all() else head_mask)
+    return torch.cat([out, _sdpa(q[:, :, masked:], k, v, None)], dim=2)
+
+
+def _seen_keys(
+    k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, m: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
+    """k, v and the mask (torch and numpy) without the trailing keys no row attends to (every row attends to one)."""
+    tk = m.shape[-1]
+    seen = int(np.flatnonzero(m.reshape(-1, tk).any(axis=0))[-1]) + 1
+    if seen == tk:
+        return k, v, mask, m
+    return k[:, :, :seen], v[:, :, :seen], mask[..., :seen], m[..., :seen]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
