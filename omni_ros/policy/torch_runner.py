@@ -20,8 +20,10 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
+from omni_ros import cpu_threads
 from omni_ros.cpu_threads import StepThreads
 from omni_ros.errors import OmniRosError
+from omni_ros.policy.image_threads import use_image_threads
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import Sampled, StageClock
 from omni_ros.policy.precision import PrecisionChoice, apply_precision
@@ -132,6 +134,11 @@ class TorchRunner:
         # bench/results/step_threads.json).
         threads = torch.get_num_threads()
         self.step_threads = StepThreads((1, threads)) if self.device.type == "cpu" and threads > 1 else None
+        # The cameras' images through the vision tower on threads of their own, one torch thread each, where
+        # waking sleeping OpenMP workers costs a second torch thread its gain (omni_ros/policy/image_threads.py).
+        passive = cpu_threads.current().wait_policy == "passive"
+        on_torch = self.device.type == "cpu" and self.applied.cache is None  # no XNNPACK methods in the linears
+        self.image_threads = use_image_threads(self.model, threads) if passive and on_torch else []
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -178,4 +185,6 @@ class TorchRunner:
         return Sampled(actions, clock.ms)
 
     def close(self) -> None:
-        """Nothing to release: the weights go with the object."""
+        """The image threads' pool; the weights go with the object."""
+        for split in self.image_threads:
+            split.close()

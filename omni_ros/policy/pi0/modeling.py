@@ -28,6 +28,8 @@ from omni_ros.policy.sampler import euler_sample, noisy_actions, sample_time
 
 
 class Pi0Model(nn.Module):
+    per_image_modules = ("vision",)  # one camera's image per batch item, each computed on its own (image_threads)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg

@@ -167,6 +167,7 @@ class ActionExpert(nn.Module):
 
 class SmolVLAModel(nn.Module):
     export_form = False
+    per_image_modules = ("vision",)  # one camera's image per batch item, each computed on its own (image_threads)
 
     def __init__(self, cfg: SmolVLAConfig) -> None:
         super().__init__()
