@@ -24,11 +24,13 @@ class PerItem(nn.Module):
         super().__init__()
         self.linear = nn.Linear(16, 8)
         self.calls: list[tuple[int, int, int, bool]] = []
+        self.grad: list[bool] = []
 
     def forward(self, x: torch.Tensor, shift: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
         self.calls.append(
             (threading.get_ident(), x.shape[0], torch.get_num_threads(), torch.is_inference_mode_enabled())
         )
+        self.grad.append(torch.is_grad_enabled())
         out = torch.tanh(self.linear(x)) * scale
         return out if shift is None else out + shift
 
@@ -54,6 +56,12 @@ def test_the_parts_run_on_threads_of_their_own_with_the_same_numbers(two_torch_t
     assert len({thread for thread, _, _, _ in module.calls}) == 2
     assert all(threads == 1 and inference for _, _, threads, inference in module.calls)
     assert torch.get_num_threads() == 2  # the caller's count is back
+    # Under no_grad (guided RTC's prefix), not inference mode: the workers build no graph either.
+    module.calls.clear()
+    module.grad.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(split(x, shift, 0.5), expected, rtol=0, atol=0)
+    assert module.grad == [False, False] and not any(inference for *_, inference in module.calls)
     split.close()
 
 

@@ -2,14 +2,14 @@
 
 With torch's passive OpenMP waiting (omni_ros's default, omni_ros/cpu_threads.py) every parallel region wakes a
 sleeping worker, and a vision tower is hundreds of regions: on the 2-vCPU Intel Xeon (AMX) a second torch thread
-bought the edge pi0's two-camera vision stage little in bf16 and nothing in int8 (33 and 56 ms on 2 threads
-against 36 and 54 on 1, bench/results/vs_lerobot.json). A tower computes each image on its own until its output,
-so the images can go through it as separate calls, each on one torch thread, on as many Python threads as torch
-has threads (torch releases the GIL inside its ops): 25 and 35 ms (scratch, alternating chunks in one process);
-whole chunks bf16 216 -> 202 ms, int8 255 -> 229, fp32 359 -> 350; the full-size SmolVLA's bf16 1,070 -> 1,054,
-int8 1,371 -> 1,277. With workers that spin before they sleep (`omp_wait_policy: brief`) the split lost the int8
-vision stage (38.5 against 31 ms), and with libgomp's own spinning its idle workers compete with the extra
-threads: so only under passive waiting.
+bought the edge pi0's two-camera vision stage little in bf16 and nothing in int8 (33 and 56 ms on 2 threads against
+36 and 54 on 1, bench/results/vs_lerobot.json as committed before this module, 56fb13a). A tower computes each image
+on its own until its output, so the images can go through it as separate calls, each on one torch thread, on as many
+Python threads as torch has threads (torch releases the GIL inside its ops): 25 and 35 ms (scratch, alternating
+chunks in one process); whole chunks bf16 216 -> 202 ms, int8 255 -> 229, fp32 359 -> 350; the full-size SmolVLA's
+bf16 1,070 -> 1,054, int8 1,371 -> 1,277. With workers that spin before they sleep (`omp_wait_policy: brief`) the
+split lost the int8 vision stage (38.5 against 31 ms), and with libgomp's own spinning its idle workers compete with
+the extra threads: so only under passive waiting.
 
 A transform from outside the model, as a precision is: a family names the modules whose batch items are
 independent (`per_image_modules`, "vision"), and `use_image_threads` replaces each one's `forward` on the
@@ -48,10 +48,11 @@ class ImageThreads:
             r.tensor_split(parts) if isinstance(r, torch.Tensor) else [r] * parts for r in rest
         ]
         calls = list(zip(*pieces, strict=True))
-        inference = torch.is_inference_mode_enabled()  # thread-local: the workers take the caller's
+        # Inference and grad modes are thread-local: the workers take the caller's (no autograd: checked above).
+        inference = torch.is_inference_mode_enabled()
 
         def run(args: tuple[Any, ...]) -> torch.Tensor:
-            with torch.inference_mode(inference), torch_threads(1):
+            with torch.inference_mode(inference), torch.no_grad(), torch_threads(1):
                 return self.forward(*args)
 
         # This thread on one torch thread first, so the workers' threads start at one too (torch reads the
