@@ -99,8 +99,10 @@ def _set_wait_policy(policy: str) -> None:
     """The environment libgomp reads when torch loads."""
     wanted = wait_policy_env(policy, {})
     for name in (WAIT_POLICY_ENV, SPIN_COUNT_ENV):
-        os.environ.pop(name, None)
-    os.environ.update(wanted)
+        if name in wanted:
+            os.environ[name] = wanted[name]
+        else:
+            os.environ.pop(name, None)
 
 
 def _wait_policy_in_effect() -> str:

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from omni_ros.config import OmniConfig
-from omni_ros.ros_env import default_to_localhost, executor_choice, make_executor, shutdown_executor
+from omni_ros.ros_env import default_to_localhost, executor_usable, make_executor, shutdown_executor
 
 
 def node_names(config: OmniConfig, sim: bool, bridge: bool, tts: bool) -> list[str]:
@@ -44,10 +44,7 @@ def run_stack(
     `policy_args` (e.g. `--precision int8`) go to the nodes that load a policy when they run as processes; in one
     process `config` already holds them."""
     default_to_localhost()
-    try:
-        executor_choice()  # before any node loads its policy
-    except ValueError as exc:
-        print(f"omni-ros up: {exc}", file=sys.stderr)
+    if not executor_usable("omni-ros up"):  # before any node loads its policy
         return 2
     names = node_names(config, sim, bridge, tts)
     if processes:

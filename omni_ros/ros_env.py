@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,17 @@ def executor_choice() -> str:
     if choice not in EXECUTORS:
         raise ValueError(f"${EXECUTOR_ENV} must be one of {', '.join(EXECUTORS)}, got {choice!r}")
     return choice
+
+
+def executor_usable(prog: str) -> bool:
+    """Whether `$OMNI_ROS_EXECUTOR` names an executor; if not, one line on stderr saying why (the caller exits
+    with status 2 before any node loads its policy)."""
+    try:
+        executor_choice()
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def make_executor() -> Any:
@@ -105,15 +117,10 @@ def run_node(
     exit status 2. `activate`: a lifecycle node is configured and activated first (without it, a lifecycle
     node waits unconfigured for a manager); a refused transition is exit status 1.
     """
-    import sys
-
     import rclpy
 
     default_to_localhost()
-    try:
-        executor_choice()
-    except ValueError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    if not executor_usable(prog):
         return 2
     rclpy.init(args=[prog, *ros_args])
     try:
