@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from omni_ros.commands.common import add_precision_args
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _load(args: argparse.Namespace):
@@ -24,8 +32,36 @@ def _load(args: argparse.Namespace):
         tokenizer=args.tokenizer,
         precision=args.precision or "auto",
         int8_kernel=args.int8_kernel or "auto",
+        action_dt=getattr(args, "action_dt", None),
     )
     return load_policy(config)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
+
+
+def realtime_verdict(latency_s: float, horizon: int, dt: float) -> str:
+    """Whether a chunk computed in `latency_s` keeps an arm moving: its motion, the latency's share of it, and
+    what that means with one inference at a time (`pause_free_latency_s`; bench/realtime.py measures it live)."""
+    from omni_ros.control.executor import pause_free_latency_s
+
+    motion = horizon * dt
+    budget = pause_free_latency_s(horizon, dt)
+    head = (
+        f"{horizon} actions x {dt:.4g} s = {motion:.2f} s of motion; observation -> chunk {_duration(latency_s)} "
+        f"({latency_s / motion:.2f}x of it): "
+    )
+    if latency_s <= budget:
+        return head + f"keeps an arm moving (a chunk may take up to half its motion, {budget:.2f} s)"
+    if latency_s <= motion:
+        return head + (
+            f"the arm pauses between chunks: with one inference at a time a chunk must take at most half its "
+            f"motion ({budget:.2f} s); try a faster --precision, more --threads, fewer cameras"
+        )
+    return head + (
+        "slower than the motion it plans: the arm moves, stops and waits for each chunk (control.run_late_chunks)"
+    )
 
 
 def describe(checkpoint) -> dict:
@@ -159,7 +195,11 @@ def run_infer(args: argparse.Namespace) -> int:
     obs = {"images": images, "state": state, "prompt": args.prompt}
     for _ in range(args.warmup):
         policy.infer(obs)
-    result = policy.infer(obs)
+    latencies = []
+    for _ in range(args.runs):
+        start = time.perf_counter()
+        result = policy.infer(obs)
+        latencies.append(time.perf_counter() - start)
     actions = result["actions"]
     np.set_printoptions(precision=4, suppress=True, linewidth=120)
     print(
@@ -179,6 +219,8 @@ def run_infer(args: argparse.Namespace) -> int:
             else ""
         )
     )
+    runs = f" (median of {args.runs} runs)" if args.runs > 1 else ""
+    print(f"real time{runs}: " + realtime_verdict(float(np.median(latencies)), len(actions), meta.action_dt))
     if args.out:
         np.save(args.out, actions)
         print(f"saved {args.out}")
@@ -225,7 +267,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     infer.add_argument("--seed", type=int, default=0, help="noise seed")
     infer.add_argument("--steps", type=int, default=None, help="Euler steps (default: the model's)")
     infer.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    infer.add_argument("--warmup", type=int, default=1, help="untimed runs before the reported one")
+    infer.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
+    infer.add_argument(
+        "--runs",
+        type=_positive,
+        default=1,
+        help="timed runs; the real-time verdict is on their median (the stage timings are the last run's)",
+    )
+    infer.add_argument(
+        "--action-dt",
+        type=float,
+        default=None,
+        help="seconds between actions (1 / the training dataset's fps; overrides policy.action_dt): what the "
+        "real-time verdict measures the chunk's motion with (a LeRobot checkpoint records none)",
+    )
     infer.add_argument("--all", action="store_true", help="print every action row")
     infer.add_argument("--out", help="save the chunk as .npy")
     infer.set_defaults(func=run_infer)

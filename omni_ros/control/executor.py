@@ -63,6 +63,14 @@ def check_rtc_support(config: ControlConfig, policy: Any) -> None:
         )
 
 
+def pause_free_latency_s(horizon: int, dt: float) -> float:
+    """The longest a chunk may take, observation to arrival, for the robot never to pause between chunks with one
+    inference at a time: half the chunk's motion. The next observation is taken when a chunk arrives, and the
+    chunk after it must arrive before this one's plan, which starts at this one's observation, ends: two
+    latencies within one chunk's motion."""
+    return horizon * dt / 2
+
+
 class ExecState(str, enum.Enum):
     """Matches the state names of omni_ros/PolicyStatus."""
 
@@ -513,7 +521,7 @@ class ActionChunkExecutor:
                 return ""
             chunk = self._newest
             latency = float(np.median(self._latencies))
-            half = chunk.horizon * chunk.dt / 2
+            half = pause_free_latency_s(chunk.horizon, chunk.dt)
             held = self.stats.extra.get("held_s", 0.0)
             advice = (
                 f"chunks arrive {latency:.2f} s after their observation; the robot keeps moving only if that is at "
