@@ -147,10 +147,12 @@ def listen(
     warmup: float,
     seconds: float,
     on_measure: Callable[[], object] | None = None,
+    start_timeout: float = 120.0,
 ) -> None:
-    """Spin `executor` until `started()` (at most 120 s), `warmup` s more, then clear `series` and record for
-    `seconds`: what the callbacks append meanwhile is the steady state. `on_measure` runs as recording starts."""
-    deadline = time.monotonic() + 120
+    """Spin `executor` until `started()` (at most `start_timeout` s), `warmup` s more, then clear `series` and
+    record for `seconds`: what the callbacks append meanwhile is the steady state. `on_measure` runs as recording
+    starts."""
+    deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline and not started():
         executor.spin_once(timeout_sec=0.05)
     measure_from = time.monotonic() + warmup

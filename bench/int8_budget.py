@@ -1,6 +1,7 @@
 """What share of the int8 target's time budget the GEMMs alone take, from two measured results per model.
 
-    .venv/bin/python bench/int8_budget.py [--suffix _vnni] [--out bench/results/int8_budget.json]
+    .venv/bin/python bench/int8_budget.py [--suffix _vnni] [--vs-lerobot vs_lerobot.json]
+        [--out bench/results/int8_budget.json]
 
 The target is one inference in 0.4x LeRobot 0.6.1's time. The budget is 0.4 x LeRobot's chunk time at the thread
 count the GEMMs were timed with (bench/results/vs_lerobot.json for the edge-size pi0, smolvla_eager.json (2
@@ -36,6 +37,8 @@ TARGET = 0.4
 FLOOR_TARGET = 1.3
 # policy.precision -> the gemm_kernels row that is its kernel (int8: the oneDNN kernel the eager rows ran)
 PRECISION_KERNELS = {"fp32": "eager_packed", "bf16": "eager_bf16", "int8": "eager_int8_onednn"}
+# Rows with policy.compile on (vs_lerobot.py --compiled) run the same GEMM kernels as their precision.
+PRECISION_KERNELS |= {f"{p}_compiled": k for p, k in PRECISION_KERNELS.items()}
 # vs_lerobot stage -> (gemm_kernels stage, how many times an inference runs it)
 STAGES = {"embed_prefix_ms": ("vision", 1), "prefill_ms": ("prefill", 1), "denoise_ms": ("denoise_step", 10)}
 # model -> stage -> the precision_kernels attention rows that stage runs (each row holds its calls per inference)
@@ -69,6 +72,7 @@ def measured_chunks(name: str, result: dict[str, Any], threads: int) -> dict[str
     if name == "pi0_edge":  # vs_lerobot: one entry per thread count, stages as the pipeline times them
         run = result["threads"][str(threads)]
         rows = {"fp32": "omni_eager", "bf16": "omni_bf16", "int8": "omni_int8"}
+        rows |= {f"{p}_compiled": f"omni_{p}_compiled" for p in ("fp32", "bf16", "int8")}
         return {
             p: {"ms": run[r]["latency_ms"], "stages": run[r]["stages_ms"], "precision": run[r].get("precision", "")}
             for p, r in rows.items()
@@ -152,10 +156,17 @@ def attention_rows(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suffix", default="", help="read the result files named with this suffix (_vnni)")
+    parser.add_argument(
+        "--vs-lerobot",
+        default="vs_lerobot.json",
+        help="the edge pi0's chunks: a bench/vs_lerobot.py result in bench/results (vs_lerobot_compiled.json: with "
+        "its --compiled rows)",
+    )
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     models: dict[str, Any] = {}
     for name, (gemm_file, lerobot_file, lerobot_ms) in MODELS.items():
+        lerobot_file = args.vs_lerobot if name == "pi0_edge" else lerobot_file
         gemm_file, lerobot_file = (f.replace(".json", f"{args.suffix}.json") for f in (gemm_file, lerobot_file))
         if not (RESULTS / gemm_file).is_file() or not (RESULTS / lerobot_file).is_file():
             models[name] = {"skipped": f"bench/results/{gemm_file} or {lerobot_file} is missing"}

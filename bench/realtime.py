@@ -3,7 +3,8 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
 
     .venv/bin/python bench/realtime.py [--checkpoint DIR] [--precisions fp32 bf16 int8] [--threads 1 2]
         [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--live-wait-policies passive brief]
-        [--live-executors events single] [--skip-live]
+        [--live-executors events single] [--compiled bf16 int8] [--live-compile off on] [--live-rtc-method inpaint]
+        [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
 
 Without `--checkpoint`, the full-size SmolVLA of bench/smolvla.py (LeRobot 0.6.1's default config over
@@ -13,6 +14,8 @@ LeRobot venv) is made in the work dir once and used.
 Offline, each contender in a fresh process, one after the other: `chunk_ms` (observation -> chunk, median of
 --runs after 3 warm-up chunks) against `execution_ms` (the chunk's n_action_steps / --fps): `realtime` when the
 chunk is computed faster than the previous one is executed, the least a robot needs not to stop between chunks.
+`--compiled P ...` adds rows with `policy.compile` on (the prefill and denoising step compiled by TorchInductor;
+`first_chunk_s` includes the compilation), keyed `{precision}_compiled_{threads}_threads`.
 
 Live (`--live-seconds`, 0 or --skip-live to skip): `omni-ros node sim` (the SO-101 in MuJoCo, config/sim_so101.yaml)
 and `omni-ros node policy` on the checkpoint, one process each, sharing this machine's cores, threads as
@@ -25,6 +28,9 @@ holding; and the policy node's own account of it, its status detail while the ro
 `--live-wait-policies A B`, the live run is repeated once per `policy.omp_wait_policy` (`live` is A's,
 `live_by_wait_policy` holds each); without it the node runs the product's default. `--live-executors A B` does the
 same per rclpy executor of both nodes (`$OMNI_ROS_EXECUTOR`, omni_ros/ros_env.py; `live_by_executor`).
+`--live-compile off on` repeats it per `policy.compile` (`live_by_compile`; a compiled policy's first chunk, the
+compilation, comes before the measured window), `--live-rtc-method` sets `control.rtc.method` (default: the
+product's, guided; a compiled step serves inpainting only, guided RTC differentiating through the eager one).
 """
 
 from __future__ import annotations
@@ -70,12 +76,15 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import omni_ros.policy
 
     start = time.perf_counter()
-    policy = omni_ros.policy.load(args.checkpoint, precision=args.precision, cpu_linear="packed")
+    policy = omni_ros.policy.load(args.checkpoint, precision=args.precision, cpu_linear="packed", compile=args.compile)
     load_s = time.perf_counter() - start
     obs = observation(policy.metadata)
     # A robot runs chunk after chunk: warm up until the runner has settled its choices (the denoising steps'
     # threads are timed over the first 26 steps, about three chunks), then time the steady state.
-    for _ in range(WARMUP_CHUNKS):
+    start = time.perf_counter()
+    policy.infer(obs)
+    first_chunk_s = time.perf_counter() - start
+    for _ in range(WARMUP_CHUNKS - 1):
         policy.infer(obs)
     timings: list[dict[str, float]] = []
     chunk_ms = median_ms(lambda: timings.append(policy.infer(obs)["policy_timing"]), args.runs, warmup=0)
@@ -83,15 +92,17 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "precision": policy.metadata.precision,
         "load_s": round(load_s, 1),
+        "first_chunk_s": round(first_chunk_s, 1),
+        "compiled": bool(args.compile),
         "chunk_ms": round(chunk_ms, 1),
         "stages_ms": stages,
         "n_action_steps": policy.metadata.action_horizon,
     }
 
 
-def run_worker(args: argparse.Namespace, precision: str, threads: int) -> dict[str, Any]:
+def run_worker(args: argparse.Namespace, precision: str, threads: int, compiled: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--checkpoint", str(args.checkpoint), "--precision", precision]
-    cmd += ["--threads", str(threads), "--runs", str(args.runs)]
+    cmd += ["--threads", str(threads), "--runs", str(args.runs)] + (["--compile"] if compiled else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"worker {precision} x {threads} failed:\n{proc.stderr[-3000:]}")
@@ -120,7 +131,9 @@ def starvation(chunks: list[tuple[float, float, float]]) -> dict[str, Any]:
     return {"starvations": events, "held_s": round(held, 2)}
 
 
-def live(args: argparse.Namespace, wait_policy: str | None = None, executor: str | None = None) -> dict[str, Any]:
+def live(
+    args: argparse.Namespace, wait_policy: str | None = None, executor: str | None = None, compile: str = "off"
+) -> dict[str, Any]:
     from rclpy.executors import SingleThreadedExecutor
     from trajectory_msgs.msg import JointTrajectory
 
@@ -143,6 +156,9 @@ def live(args: argparse.Namespace, wait_policy: str | None = None, executor: str
     # The actions play at the rate the offline rows compare against (a LeRobot checkpoint records none).
     data["policy"]["action_dt"] = 1.0 / args.fps
     data["control"] = {**data.get("control", {}), "blending": "rtc"}
+    if args.live_rtc_method:
+        data["control"]["rtc"] = {**data["control"].get("rtc", {}), "method": args.live_rtc_method}
+    data["policy"]["compile"] = compile == "on"
     # The checkpoint's cameras on the simulator's, in order (a LeRobot folder names its own).
     data.setdefault("topics", {})["cameras"] = [
         {"name": c, "topic": f"/camera/{s}/image_raw"} for c, s in zip(cameras, sim_cameras, strict=False)
@@ -184,6 +200,8 @@ def live(args: argparse.Namespace, wait_policy: str | None = None, executor: str
                 5.0,
                 args.live_seconds,
                 on_measure=lambda: cpu_before.extend(cpu_seconds(p.pid) for p in procs),
+                # A compiled policy's first chunk waits for its compilation (minutes for a full-size SmolVLA).
+                start_timeout=900.0 if compile == "on" else 120.0,
             )
             # Cores each process kept busy while recording: what the policy had, with the simulator beside it.
             cpu_share = {
@@ -201,6 +219,8 @@ def live(args: argparse.Namespace, wait_policy: str | None = None, executor: str
         "precision": statuses[-1].precision if statuses else None,
         "omp_wait_policy": wait_policy or "default",
         "executor": executor or "default",
+        "compiled": compile == "on",
+        "rtc_method": config.control.rtc.method,
         "commands_per_s": round(len(commands) / args.live_seconds, 2),
         "control_rate_hz": config.robot.control_rate_hz,
         "longest_command_gap_s": round(float(intervals.max()), 3),
@@ -253,6 +273,19 @@ def main() -> int:
         choices=EXECUTORS,
         help="repeat the live run once per rclpy executor of the nodes (default: the product's)",
     )
+    parser.add_argument(
+        "--compiled", nargs="*", default=[], help="offline rows at these precisions with policy.compile on too"
+    )
+    parser.add_argument(
+        "--live-compile",
+        nargs="+",
+        choices=["off", "on"],
+        help="repeat the live run once per policy.compile setting (default: off, the product's)",
+    )
+    parser.add_argument(
+        "--live-rtc-method", choices=["guided", "inpaint"], help="control.rtc.method of the live run (default guided)"
+    )
+    parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--lerobot-python", default=str(Path(os.environ.get("LEROBOT_VENV", "/work/venv-lerobot"))
                         / "bin" / "python"))  # fmt: skip
@@ -273,23 +306,26 @@ def main() -> int:
         "machine": cpu_facts(),
         "offline": {},
     }
+    rows = [(p, False) for p in args.precisions] + [(p, True) for p in args.compiled]
     for threads in args.threads:
-        for precision in args.precisions:
-            log(f"{precision} at {threads} thread(s) ...")
-            row = run_worker(args, precision, threads)
+        for precision, compiled in rows:
+            log(f"{precision}{' compiled' if compiled else ''} at {threads} thread(s) ...")
+            row = run_worker(args, precision, threads, compiled)
             execution_ms = 1e3 * row["n_action_steps"] / args.fps
             row["execution_ms"] = round(execution_ms, 1)
             row["chunk_over_execution"] = round(row["chunk_ms"] / execution_ms, 3)
             row["realtime"] = row["chunk_ms"] < execution_ms
-            report["offline"][f"{precision}_{threads}_threads"] = row
+            report["offline"][f"{precision}{'_compiled' if compiled else ''}_{threads}_threads"] = row
             log(f"  {row['chunk_ms']:.0f} ms per chunk vs {execution_ms:.0f} ms of motion ({row['precision']})")
     if not args.skip_live and args.live_seconds > 0:
         # One live run per variant asked for (the first is `live`), else one with the product's defaults.
         variants = [("wait_policy", p) for p in args.live_wait_policies or []]
         variants += [("executor", e) for e in args.live_executors or []]
+        variants += [("compile", c) for c in args.live_compile or []]
         runs = {(kind, value): live(args, **{kind: value}) for kind, value in variants or [("wait_policy", None)]}
         report["live"] = next(iter(runs.values()))
-        for kind, key in (("wait_policy", "live_by_wait_policy"), ("executor", "live_by_executor")):
+        kinds = ("wait_policy", "executor", "compile")
+        for kind, key in ((k, f"live_by_{k}") for k in kinds):
             if any(k == kind for k, _ in variants):
                 report[key] = {value: run for (k, value), run in runs.items() if k == kind}
         for run in runs.values():

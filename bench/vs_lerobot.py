@@ -1,7 +1,8 @@
 """omni_ros vs LeRobot on the very same pi0 weights, observation and noise, side by side in one run.
 
     .venv/bin/python bench/vs_lerobot.py [--threads 1 2] [--runs 5] [--work-dir DIR] [--no-int8]
-        [--precisions bf16 int8] [--wait-policies passive brief] [--lerobot-venv DIR] [--out FILE]
+        [--precisions bf16 int8] [--compiled bf16 int8] [--wait-policies passive brief] [--lerobot-venv DIR]
+        [--out FILE]
 
 The edge-size pi0 (2 cameras at 480x640 -> 224 px tiles, SigLIP 384 x 6, VLM 512 x 6, expert 256 x 6,
 horizon 50, 10 steps) is built with seeded random weights by LeRobot 0.6.1 itself and saved with its
@@ -11,7 +12,9 @@ LeRobot's observation -> chunk (its pre-processor, `predict_action_chunk`, post-
 (`omni_ros.policy.load` on the same folder, with the linears oneDNN-packed as the node and server run them,
 `policy.cpu_linear: packed`, and with torch's plain nn.Linear, `dense`) and the same folder exported to
 ExecuTorch XNNPACK int8, and eager again with each `policy.precision` of `--precisions` (bf16 GEMMs, int8 GEMMs:
-no export), once per `--wait-policies` entry, each set against LeRobot run under the same OpenMP wait policy
+no export) and with each of `--compiled` with `policy.compile` on (the prefill and denoising step compiled by
+TorchInductor; cold_start_s includes the compilation), once per `--wait-policies` entry, each set against
+LeRobot run under the same OpenMP wait policy
 (the product's default, PASSIVE, sleeps at once; `brief` spins ~0.3 ms first: on a 2-vCPU VM that decides
 whether a second thread pays for the bf16 / int8 chunks' many small ops). Prints one JSON document: medians,
 per-stage times, ratios to LeRobot, the actions' agreement (same noise; the precisions' relative L2 distance from
@@ -76,7 +79,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         import omni_ros.policy
 
         policy = omni_ros.policy.load(
-            work / NAME, cpu_linear=args.cpu_linear, precision=args.precision, int8_kernel=args.int8_kernel
+            work / NAME,
+            cpu_linear=args.cpu_linear,
+            precision=args.precision,
+            int8_kernel=args.int8_kernel,
+            compile=args.compile,
         )
     else:
         from omni_ros.backends.executorch_runner import load_pte
@@ -122,6 +129,13 @@ def main() -> int:
     parser.add_argument("--cpu-linear", default="packed", help=argparse.SUPPRESS)
     add_precision_args(parser)
     parser.add_argument("--int8-kernel", default="auto", help="policy.int8_kernel of the int8 row (default auto)")
+    parser.add_argument(
+        "--compiled",
+        nargs="*",
+        default=[],
+        help="rows at these policy.precision values with policy.compile on (keys int8_compiled, ...; default none)",
+    )
+    parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--wait-policies",
         nargs="+",
@@ -184,11 +198,14 @@ def main() -> int:
             ),
         }
         reference = np.asarray(eager["actions"])
-        for wait_policy, precision in [(w, p) for w in wait_policies for p in args.precisions]:
+        rows = [(p, False) for p in args.precisions] + [(p, True) for p in args.compiled]
+        for wait_policy, (precision, compiled) in [(w, r) for w in wait_policies for r in rows]:
             # The product's default wait policy keeps the plain keys; another one suffixes them ("int8_brief").
-            key = precision if wait_policy == DEFAULT_WAIT_POLICY else f"{precision}_{wait_policy}"
+            name = f"{precision}_compiled" if compiled else precision
+            key = name if wait_policy == DEFAULT_WAIT_POLICY else f"{name}_{wait_policy}"
             print(f"[bench] {threads} thread(s): omni_ros eager, {key} ...", file=sys.stderr, flush=True)
             cmd = [*own, "--worker", "eager", "--precision", precision, "--int8-kernel", args.int8_kernel]
+            cmd += ["--compile"] if compiled else []
             quantized = run_json(cmd, env=wait_policy_env(wait_policy))
             row[f"omni_{key}"] = {k: v for k, v in quantized.items() if k != "actions"}
             if wait_policy != DEFAULT_WAIT_POLICY:
@@ -211,13 +228,15 @@ def main() -> int:
     budgets = {"int8": (0.4, 0.04), "bf16": (0.6, 0.01)}  # the issue's time ratio and relative L2 bounds
     suffixes = ["" if w == DEFAULT_WAIT_POLICY else f"_{w}" for w in wait_policies]
     for t, r in report["threads"].items():
-        for (precision, (ratio, rel)), suffix in [(b, s) for b in budgets.items() for s in suffixes]:
-            key = precision + suffix
+        for (precision, (ratio, rel)), variant, suffix in [
+            (b, v, s) for b in budgets.items() for v in ("", "_compiled") for s in suffixes
+        ]:
+            key = precision + variant + suffix
             if f"{key}_over_lerobot" in r:
-                report["targets"][f"{precision}_at_most_{ratio}x_lerobot_{t}_threads{suffix}"] = (
+                report["targets"][f"{precision}{variant}_at_most_{ratio}x_lerobot_{t}_threads{suffix}"] = (
                     r[f"{key}_over_lerobot"] <= ratio
                 )
-                report["targets"][f"{precision}_within_{rel}_rel_l2_{t}_threads{suffix}"] = (
+                report["targets"][f"{precision}{variant}_within_{rel}_rel_l2_{t}_threads{suffix}"] = (
                     r[f"{key}_rel_l2_vs_fp32"] <= rel
                 )
         if "pte_int8_over_lerobot" in r:

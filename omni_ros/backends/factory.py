@@ -67,6 +67,7 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
         "precision": config.precision,
         "int8_kernel": config.int8_kernel,
         "cache_dir": config.cache_dir,
+        "compile": config.compile,
     }
     if config.checkpoint:
         policy = load(

@@ -60,21 +60,31 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
         help="the int8 GEMM kernel (overrides policy.int8_kernel): auto, onednn (torch) or xnnpack (ExecuTorch's, "
         "built on first load and cached)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="compile the prefill and the denoising step with TorchInductor on the first inference (sets "
+        "policy.compile; needs a C++ compiler, takes tens of seconds once; pi0, pi0.5, SmolVLA on the CPU)",
+    )
 
 
 def precision_argv(args: argparse.Namespace) -> list[str]:
-    """`--precision` / `--int8-kernel` as given, to hand on to node processes."""
+    """`--precision` / `--int8-kernel` / `--compile` as given, to hand on to node processes."""
     out = []
     if getattr(args, "precision", None):
         out += ["--precision", args.precision]
     if getattr(args, "int8_kernel", None):
         out += ["--int8-kernel", args.int8_kernel]
+    if getattr(args, "compile", None):
+        out += ["--compile"]
     return out
 
 
 def apply_precision_args(config: OmniConfig, args: argparse.Namespace) -> None:
-    """Put `--precision` / `--int8-kernel` into `config.policy`, checked as the YAML's values are."""
-    changes = {key: getattr(args, key) for key in ("precision", "int8_kernel") if getattr(args, key, None) is not None}
+    """Put `--precision` / `--int8-kernel` / `--compile` into `config.policy`, checked as the YAML's values are."""
+    keys = ("precision", "int8_kernel", "compile")
+    changes = {key: getattr(args, key) for key in keys if getattr(args, key, None) is not None}
     if changes:
         config.policy = dataclasses.replace(config.policy, **changes)
 

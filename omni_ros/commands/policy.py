@@ -33,6 +33,7 @@ def _load(args: argparse.Namespace):
         precision=args.precision or "auto",
         int8_kernel=args.int8_kernel or "auto",
         action_dt=getattr(args, "action_dt", None),
+        compile=bool(getattr(args, "compile", None)),
     )
     return load_policy(config)
 
@@ -57,7 +58,7 @@ def realtime_verdict(latency_s: float, horizon: int, dt: float) -> str:
     if latency_s <= motion:
         return head + (
             f"the arm pauses between chunks: with one inference at a time a chunk must take at most half its "
-            f"motion ({budget:.2f} s); try a faster --precision, more --threads, fewer cameras"
+            f"motion ({budget:.2f} s); try a faster --precision, --compile, more --threads, fewer cameras"
         )
     return head + (
         "slower than the motion it plans: the arm moves, stops and waits for each chunk (control.run_late_chunks)"

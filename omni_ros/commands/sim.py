@@ -29,6 +29,7 @@ def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str |
         seed=0,
         precision=getattr(args, "precision", None) or "auto",
         int8_kernel=getattr(args, "int8_kernel", None) or "auto",
+        compile=bool(getattr(args, "compile", None)),
     )
     return load_policy(config, camera_names=["base", "wrist"])
 

@@ -94,6 +94,10 @@ class PolicyConfig:
     # faster per GEMM than torch's default MKL path, measured; omni_ros/policy/cpu_linear.py); dense keeps
     # torch's nn.Linear (what exporting or training the runner's model needs).
     cpu_linear: Literal["packed", "dense"] = "packed"
+    # Backend torch on a CPU: the prefill and the denoising step compiled by TorchInductor on the first inference
+    # (tens of seconds; needs a C++ compiler), their elementwise ops fused around the precision's GEMM kernels:
+    # pi0, pi0.5 and SmolVLA (omni_ros/policy/compiled_stages.py, docs/precision.md).
+    compile: bool = False
     # A tokenizer.json / tokenizer.model (or its folder) for a LeRobot or openpi checkpoint that ships none;
     # null: the checkpoint folder, then the local Hugging Face cache. Relative to the config file.
     tokenizer: str | None = None
@@ -133,6 +137,8 @@ class PolicyConfig:
             )
         if self.backend == "torch" and self.dtype == "bfloat16" and self.precision in ("fp32", "int8"):
             raise FieldError("precision", f"{self.precision} needs dtype float32 (bfloat16 casts the whole model)")
+        if self.compile and (self.backend != "torch" or on_cuda):
+            raise FieldError("compile", f"compiles the torch backend's CPU stages, not {self.backend} on {self.device}")
         if self.num_steps is not None and self.num_steps < 1:
             raise FieldError("num_steps", f"must be >= 1 (or null for the model's own), got {self.num_steps}")
         if self.action_dt is not None and not 0 < self.action_dt <= 1:

@@ -118,7 +118,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     True). Each row's softmax is its own, so the numbers are the same. On a GPU the mask stays (reading it would
     stall the stream).
     """
-    if mask is None or mask.dtype != torch.bool or mask.device.type != "cpu":
+    if mask is None or mask.dtype != torch.bool or mask.device.type != "cpu" or torch.compiler.is_compiling():
+        # A compiled graph (omni_ros/policy/compiled_stages.py) cannot read the mask's values while tracing.
         return _sdpa(q, k, v, mask)
     # The checks read the mask through numpy (no copy): torch's reductions of a small bool tensor took 8 us
     # each, numpy's 1.6, which matters beside a decoding step's 20 us attention.

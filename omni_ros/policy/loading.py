@@ -48,6 +48,7 @@ def load(
     cache_dir: str | None = None,
     domain_id: int | None = None,
     action_dt: float | None = None,
+    compile: bool = False,
 ) -> InferencePipeline:
     """The policy in checkpoint folder `path` (its layout detected), on the torch runner.
 
@@ -59,6 +60,8 @@ def load(
     server and evaluator do. With "fp32", `cpu_linear="packed"` runs the linears from oneDNN-packed weights on an
     x86 CPU (faster; `policy.cpu_linear`); the defaults keep `runner.model` plain modules, as code that exports,
     trains or inspects it expects. `cache_dir`: where kernels built on first load are kept (kernel_cache.py).
+    `compile`: the prefill and denoising step compiled by TorchInductor on the first inference
+    (compiled_stages.py).
     """
     checkpoint = layouts.read(path, tokenizer=tokenizer)
     family = families.get(checkpoint.family)
@@ -74,6 +77,7 @@ def load(
     processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
     label = name or Path(path).name
     options: dict[str, Any] = {"cpu_linear": cpu_linear, "precision": choice, "cache_dir": cache_dir, "label": label}
+    options["compile"] = compile
     if family.build_runner is not None:  # a family with its own loop (pi0-FAST's token decoder)
         runner = family.build_runner(model, checkpoint.config, device=device, dtype=dtype, **options)
     else:
@@ -126,6 +130,7 @@ def from_model(
     precision: str | None = None,
     int8_kernel: str = "auto",
     cache_dir: str | None = None,
+    compile: bool = False,
 ) -> InferencePipeline:
     """A policy around a model in memory (its `cfg` says the architecture), e.g. one being trained.
 
@@ -137,6 +142,7 @@ def from_model(
     processor = fam.build_processor(cfg, norm_stats, tokenizer)
     label = name or cfg.name
     options: dict[str, Any] = {"cpu_linear": cpu_linear, "precision": choice, "cache_dir": cache_dir, "label": label}
+    options["compile"] = compile
     if fam.build_runner is not None:
         runner = fam.build_runner(model, cfg, device=device, dtype=dtype, **options)
     else:

@@ -23,6 +23,7 @@ from torch import nn
 from omni_ros import cpu_threads
 from omni_ros.cpu_threads import StepThreads
 from omni_ros.errors import OmniRosError
+from omni_ros.policy.compiled_stages import CompiledStage, CompileError, check_compilable
 from omni_ros.policy.image_threads import use_image_threads
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import Sampled, StageClock
@@ -102,6 +103,9 @@ class TorchRunner:
 
     max_batch = None
     draws_noise = False
+    # Whether `sample` runs the model's `prefill` and `denoise_step` (what policy.compile compiles); runners with
+    # their own loop (pi0-FAST's decoder, X-VLA's head) say no.
+    stages_compilable = True
     rtc_methods: tuple[str, ...] = METHODS
 
     def __init__(
@@ -114,6 +118,7 @@ class TorchRunner:
         precision: PrecisionChoice | None = None,
         cache_dir: str | None = None,
         label: str = "model",
+        compile: bool = False,
     ) -> None:
         if cpu_linear not in ("packed", "dense"):
             raise ValueError(f"cpu_linear: expected 'packed' or 'dense', got {cpu_linear!r}")
@@ -125,6 +130,8 @@ class TorchRunner:
         self.backend = f"torch-{self.device.type}" + ("-bf16" if self.dtype == torch.bfloat16 else "")
         # The GEMM kernels (omni_ros/policy/precision): a transform of the built model's linears, from outside.
         choice = precision or PrecisionChoice("fp32", "policy.precision fp32")
+        if compile:
+            self._check_compilable(choice)
         self.applied = apply_precision(self.model, choice, cpu_linear=cpu_linear, cache_dir=cache_dir, label=label)
         self.precision = choice.describe()
         self.packed_linears = self.applied.linears if choice.precision == "fp32" else 0
@@ -134,11 +141,49 @@ class TorchRunner:
         # bench/results/step_threads.json).
         threads = torch.get_num_threads()
         self.step_threads = StepThreads((1, threads)) if self.device.type == "cpu" and threads > 1 else None
+        # The vision towers, the prefill and the denoising step compiled by TorchInductor on the first inference
+        # (omni_ros/policy/compiled_stages.py). The step on one torch thread (its loops keep the count they were
+        # generated for; one thread won for every eager precision above); every camera slot and prompt token kept,
+        # so that each observation gives the graphs their shapes.
+        self.prefill: CompiledStage | None = None
+        self.denoise_step: CompiledStage | None = None
+        self.compiled_stages: list[CompiledStage] = []
+        if compile:
+            self._compile_stages()
+            self.step_threads = StepThreads((1,)) if threads > 1 else None
         # The cameras' images through the vision tower on threads of their own, one torch thread each, where
         # waking sleeping OpenMP workers costs a second torch thread its gain (omni_ros/policy/image_threads.py).
         passive = cpu_threads.current().wait_policy == "passive"
         on_torch = self.device.type == "cpu" and self.applied.cache is None  # no XNNPACK methods in the linears
         self.image_threads = use_image_threads(self.model, threads) if passive and on_torch else []
+
+    def _check_compilable(self, choice: PrecisionChoice) -> None:
+        """policy.compile refused at configure, before any kernel is built, with the reason."""
+        if not self.stages_compilable:
+            raise CompileError(
+                f"policy.compile: {type(self).__name__} runs its own loop, not a prefill and denoising steps "
+                "(pi0, pi0.5 and SmolVLA checkpoints have them); set policy.compile: false"
+            )
+        check_compilable(self.device)
+        if choice.precision == "int8" and choice.kernel == "xnnpack":
+            raise CompileError(
+                "policy.compile: the int8 linears would run ExecuTorch's XNNPACK methods (int8_kernel xnnpack, what "
+                "auto picks on a CPU without AMX), which a compiled graph cannot hold; set policy.int8_kernel: "
+                "onednn, or precision bf16 / fp32"
+            )
+
+    def _compile_stages(self) -> None:
+        for name in getattr(self.model, "per_image_modules", ()):
+            # Before the image threads wrap `forward` (below): each thread's part runs the compiled tower.
+            module = getattr(self.model, name)
+            module.forward = CompiledStage(module.forward, f"{name} tower")
+            self.compiled_stages.append(module.forward)
+        model = cast(StagedModel, self.model)
+        self.prefill = CompiledStage(model.prefill, "prefill")
+        self.denoise_step = CompiledStage(model.denoise_step, "denoising step")
+        self.compiled_stages += [self.prefill, self.denoise_step]
+        self.compact = False
+        self.backend += " (compiled)"
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -154,12 +199,15 @@ class TorchRunner:
         # nn.Module types its attributes as Tensor | Module; the model's stages are methods.
         model, dtype = cast(StagedModel, self.model), self.dtype
 
+        guided = rtc is not None and rtc.request.method == "guided"
+        # Guided RTC differentiates through the step: the eager one (a compiled graph is frozen for inference).
+        denoise_step = model.denoise_step if guided or self.denoise_step is None else self.denoise_step
+
         def step(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             # The Euler state stays float32 (as the reference keeps it): a bfloat16 model sees bfloat16 inputs,
             # but ten steps of bfloat16 accumulation would cost the chunk its precision.
-            return model.denoise_step(cache, prefix_mask, inputs.state, x.to(dtype), t.to(dtype)).float()
+            return denoise_step(cache, prefix_mask, inputs.state, x.to(dtype), t.to(dtype)).float()
 
-        guided = rtc is not None and rtc.request.method == "guided"
         # Guided steps differentiate through float products: their threads stay as set, and out of the timing.
         timed = None if guided else self.step_threads
 
@@ -171,7 +219,14 @@ class TorchRunner:
             inputs = compact(inputs) if self.compact else inputs
             prefix, prefix_mask = model.embed_prefix(inputs)
             clock.lap("embed_prefix_ms")
-            cache = model.prefill(prefix, prefix_mask)
+            if self.prefill is not None:
+                # Outside inference mode, so that one compiled prefill serves guided RTC too (whose steps
+                # differentiate through the eager step with this cache as a constant, which an inference tensor
+                # cannot be) and every other chunk.
+                with torch.inference_mode(False), torch.no_grad():
+                    cache = self.prefill(prefix, prefix_mask)
+            else:
+                cache = model.prefill(prefix, prefix_mask)
             clock.lap("prefill_ms")
             if rtc is None or rtc.target is None:
                 chunk = euler_sample(
@@ -182,6 +237,8 @@ class TorchRunner:
                 chunk = rtc_sample(velocity, noise.float(), num_steps, rtc.target.float(), rtc.request, clean)
             actions = chunk.detach().cpu().numpy()
             clock.lap("denoise_ms")
+        for stage in self.compiled_stages:
+            stage.seal()  # compiled for this first inference's calls; a different call later runs eager
         return Sampled(actions, clock.ms)
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from omni_ros.policy.torch_runner import TorchRunner, compact
 
 class Pi0FastTorchRunner(TorchRunner):
     rtc_methods: tuple[str, ...] = ()
+    stages_compilable = False  # a token decoder, no denoising step
     rtc_refusal = RTC_REASON  # why `control.blending: rtc` is refused at configure
 
     def __init__(
@@ -38,9 +39,17 @@ class Pi0FastTorchRunner(TorchRunner):
         precision: PrecisionChoice | None = None,
         cache_dir: str | None = None,
         label: str = "model",
+        compile: bool = False,
     ) -> None:
         super().__init__(
-            model, device, dtype, cpu_linear=cpu_linear, precision=precision, cache_dir=cache_dir, label=label
+            model,
+            device,
+            dtype,
+            cpu_linear=cpu_linear,
+            precision=precision,
+            cache_dir=cache_dir,
+            label=label,
+            compile=compile,
         )
         self.detokenizer = detokenizer
 

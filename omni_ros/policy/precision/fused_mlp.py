@@ -37,7 +37,10 @@ def bf16_mlp(first: nn.Module, up: nn.Module | None, down: nn.Module, activation
     first_, down_ = cast(Bf16Linear, first), cast(Bf16Linear, down)
     xb = first_.bf16_input(x)
     hidden = first_.product(xb, *_POST_OPS[activation])
-    if up is not None:
+    if up is not None and torch.compiler.is_compiling():
+        # The binary post-op has no tracing rule (torch 2.13); in a compiled step the multiplication is fused anyway.
+        hidden = hidden * cast(Bf16Linear, up).product(xb)
+    elif up is not None:
         hidden = cast(Bf16Linear, up).product_times(xb, hidden)
     return down_.product(hidden).to(x.dtype)
 

@@ -26,6 +26,9 @@ class SharedInput:
         self._local = threading.local()
 
     def get(self, x: torch.Tensor, convert: Callable[[torch.Tensor], Any]) -> Any:
+        if torch.compiler.is_compiling():
+            # Traced into a compiled graph, where the compiler merges the identical conversions itself.
+            return convert(x)
         last = getattr(self._local, "last", None)
         version = -1 if x.is_inference() else x._version
         # Holding `x` itself (not its id) keeps its address from being reused while it is the key.

@@ -21,6 +21,8 @@ from omni_ros.policy.xvla.modeling import CleanStep, EstimateHook
 
 
 class XVLATorchRunner(TorchRunner):
+    stages_compilable = False  # the head runs inside model.denoise (X-VLA's own sampler)
+
     def sample(self, inputs: Any, noise: torch.Tensor | None, num_steps: int | None, rtc: RtcPlan | None = None):
         if noise is None or num_steps is None:
             raise ValueError("the X-VLA runner needs the sampling noise and step count")
