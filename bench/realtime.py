@@ -14,8 +14,8 @@ LeRobot venv) is made in the work dir once and used.
 Offline, each contender in a fresh process, one after the other: `chunk_ms` (observation -> chunk, median of
 --runs after 3 warm-up chunks) against `execution_ms` (the chunk's n_action_steps / --fps): `realtime` when the
 chunk is computed faster than the previous one is executed, the least a robot needs not to stop between chunks.
-`--compiled P ...` adds rows with `policy.compile` on (the prefill and denoising step compiled by TorchInductor;
-`first_chunk_s` includes the compilation), keyed `{precision}_compiled_{threads}_threads`.
+`--compiled P ...` adds rows with `policy.compile` on (the vision tower, prefill and denoising step compiled by
+TorchInductor; `first_chunk_s` includes the compilation), keyed `{precision}_compiled_{threads}_threads`.
 
 Live (`--live-seconds`, 0 or --skip-live to skip): `omni-ros node sim` (the SO-101 in MuJoCo, config/sim_so101.yaml)
 and `omni-ros node policy` on the checkpoint, one process each, sharing this machine's cores, threads as

@@ -12,11 +12,11 @@ LeRobot's observation -> chunk (its pre-processor, `predict_action_chunk`, post-
 (`omni_ros.policy.load` on the same folder, with the linears oneDNN-packed as the node and server run them,
 `policy.cpu_linear: packed`, and with torch's plain nn.Linear, `dense`) and the same folder exported to
 ExecuTorch XNNPACK int8, and eager again with each `policy.precision` of `--precisions` (bf16 GEMMs, int8 GEMMs:
-no export) and with each of `--compiled` with `policy.compile` on (the prefill and denoising step compiled by
-TorchInductor; cold_start_s includes the compilation), once per `--wait-policies` entry, each set against
-LeRobot run under the same OpenMP wait policy
-(the product's default, PASSIVE, sleeps at once; `brief` spins ~0.3 ms first: on a 2-vCPU VM that decides
-whether a second thread pays for the bf16 / int8 chunks' many small ops). Prints one JSON document: medians,
+no export) and with each of `--compiled` with `policy.compile` on (the vision tower, prefill and denoising step
+compiled by TorchInductor; cold_start_s includes the compilation), once per `--wait-policies` entry, each set
+against LeRobot run under the same OpenMP wait policy (the product's default, PASSIVE, sleeps at once; `brief`
+spins ~0.3 ms first: on a 2-vCPU VM that decides whether a second thread pays for the bf16 / int8 chunks' many
+small ops). Prints one JSON document: medians,
 per-stage times, ratios to LeRobot, the actions' agreement (same noise; the precisions' relative L2 distance from
 fp32's) and the targets (eager <= 0.8x LeRobot's time, int8 <= 0.4x, bf16 <= 0.6x).
 """

@@ -64,7 +64,7 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
         "--compile",
         action="store_true",
         default=None,
-        help="compile the prefill and the denoising step with TorchInductor on the first inference (sets "
+        help="compile the vision tower, prefill and denoising step with TorchInductor on the first inference (sets "
         "policy.compile; needs a C++ compiler, takes tens of seconds once; pi0, pi0.5, SmolVLA on the CPU)",
     )
 

@@ -94,9 +94,9 @@ class PolicyConfig:
     # faster per GEMM than torch's default MKL path, measured; omni_ros/policy/cpu_linear.py); dense keeps
     # torch's nn.Linear (what exporting or training the runner's model needs).
     cpu_linear: Literal["packed", "dense"] = "packed"
-    # Backend torch on a CPU: the prefill and the denoising step compiled by TorchInductor on the first inference
-    # (tens of seconds; needs a C++ compiler), their elementwise ops fused around the precision's GEMM kernels:
-    # pi0, pi0.5 and SmolVLA (omni_ros/policy/compiled_stages.py, docs/precision.md).
+    # Backend torch on a CPU: the vision tower, prefill and denoising step compiled by TorchInductor on the first
+    # inference (tens of seconds to minutes; needs a C++ compiler), their elementwise ops fused around the
+    # precision's GEMM kernels: pi0, pi0.5 and SmolVLA (omni_ros/policy/compiled_stages.py, docs/precision.md).
     compile: bool = False
     # A tokenizer.json / tokenizer.model (or its folder) for a LeRobot or openpi checkpoint that ships none;
     # null: the checkpoint folder, then the local Hugging Face cache. Relative to the config file.

@@ -60,7 +60,7 @@ def load(
     server and evaluator do. With "fp32", `cpu_linear="packed"` runs the linears from oneDNN-packed weights on an
     x86 CPU (faster; `policy.cpu_linear`); the defaults keep `runner.model` plain modules, as code that exports,
     trains or inspects it expects. `cache_dir`: where kernels built on first load are kept (kernel_cache.py).
-    `compile`: the prefill and denoising step compiled by TorchInductor on the first inference
+    `compile`: the vision tower, prefill and denoising step compiled by TorchInductor on the first inference
     (compiled_stages.py).
     """
     checkpoint = layouts.read(path, tokenizer=tokenizer)
