@@ -46,17 +46,15 @@ def cxx_compiler() -> str | None:
     return None
 
 
-def check_compilable(device: torch.device) -> str:
-    """The compiler's path, or a clear error saying why the stages cannot be compiled here."""
+def check_compilable(device: torch.device) -> None:
+    """A clear error saying why the stages cannot be compiled here, if they cannot."""
     if device.type != "cpu":
         raise CompileError(f"policy.compile compiles the CPU stages; the policy runs on {device}")
-    compiler = cxx_compiler()
-    if compiler is None:
+    if cxx_compiler() is None:
         raise CompileError(
             "policy.compile needs a C++ compiler (TorchInductor builds the stages' kernels with it): none of "
             f"$CXX, {', '.join(COMPILERS)} is on PATH. Install one (apt install g++) or set policy.compile: false"
         )
-    return compiler
 
 
 def _shapes(value: Any) -> Any:
@@ -79,7 +77,6 @@ class CompiledStage:
         self.compiled: Callable[..., Any] | None = None
         self.keys: set[Any] = set()  # (argument shapes, inference mode, grad mode, torch threads) compiled for
         self.sealed = False
-        self.compile_s = 0.0
         # Compilation is one call at a time (the vision tower's images arrive from several threads at once).
         self._lock = threading.Lock()
         self._warned = False
@@ -135,6 +132,5 @@ class CompiledStage:
             self.sealed, self._warned = True, True
             return self.eager(*args)
         self.keys.add(key)
-        self.compile_s += time.perf_counter() - start
         logger.info("%s compiled in %.1f s", self.name, time.perf_counter() - start)
         return out
