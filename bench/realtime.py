@@ -3,7 +3,8 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
 
     .venv/bin/python bench/realtime.py [--checkpoint DIR] [--precisions fp32 bf16 int8] [--threads 1 2]
         [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--live-wait-policies passive brief]
-        [--live-executors events single] [--compiled bf16 int8] [--live-compile off on] [--live-rtc-method inpaint]
+        [--live-executors events single] [--compiled bf16 int8] [--live-compile off on] [--live-compiled]
+        [--live-resume off on] [--live-rtc-method inpaint]
         [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
 
@@ -22,15 +23,23 @@ and `omni-ros node policy` on the checkpoint, one process each, sharing this mac
 `policy.num_threads: 0` (auto) sets them, `control.blending: rtc`, `--live-precision`, the actions 1 / --fps s
 apart (`policy.action_dt`). Listened to over DDS (loopback, its own domain): commands per second, the longest
 interval between two commands, the cores each process kept busy (`cores_busy`: CPU seconds over wall seconds, of
-the simulator and of the policy), and from the ActionChunk messages (stamp, horizon, dt) when the executor ran out
-of actions: `starvations` (times a chunk's last action passed before the next chunk arrived) and the seconds spent
-holding; and the policy node's own account of it, its status detail while the robot held. With
+the simulator and of the policy), and how often the executor ran out of actions: `motion`, its own counts over
+the window from the node's diagnostics (`plan_ran_out`: times the plan's last action passed before the next chunk
+came, `held_s`: seconds held so, `resumed_chunks`, ...; a new episode's reset and stops not counted), and
+`timeline_replay`, the same replayed from the ActionChunk messages (stamp, horizon, dt; blind to the chunks the node
+dropped, so only a cross-check); and the node's status detail while the robot held. With
 `--live-wait-policies A B`, the live run is repeated once per `policy.omp_wait_policy` (`live` is A's,
 `live_by_wait_policy` holds each); without it the node runs the product's default. `--live-executors A B` does the
 same per rclpy executor of both nodes (`$OMNI_ROS_EXECUTOR`, omni_ros/ros_env.py; `live_by_executor`).
 `--live-compile off on` repeats it per `policy.compile` (`live_by_compile`; a compiled policy's first chunk, the
-compilation, comes before the measured window), `--live-rtc-method` sets `control.rtc.method` (default: the
-product's, guided; a compiled step serves inpainting only, guided RTC differentiating through the eager one).
+compilation, comes before the measured window; `--live-compiled` compiles in every other live run),
+`--live-resume off on` per `control.resume_where_held` (`live_by_resume`: whether a chunk arriving after the plan
+ran out plays on from where the robot stopped or skips what fell due while it held), `--live-rtc-method` sets
+`control.rtc.method` (default: the product's, guided; a compiled step serves inpainting only, guided RTC
+differentiating through the eager one). Each live run also records the chunks the node refused, by reason
+(`chunks_not_executed`, from its log), and the states its status reported in the window (`status_states`).
+
+Offline rows only: `--skip-live`; the live runs only: `--precisions` with no value.
 """
 
 from __future__ import annotations
@@ -38,10 +47,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +68,7 @@ SO101_JOINTS = 6  # config/sim_so101.yaml's arm: the bench's SmolVLA is built wi
 FOLDER = "smolvla_full"  # what scripts/lerobot_bench.py --policy smolvla writes
 SIM_CONFIG = ROOT / "config" / "sim_so101.yaml"
 WARMUP_CHUNKS = 3
+NOT_EXECUTED = re.compile(r"chunk \d+ not executed: (.*)")  # the policy node's warning for a refused chunk
 
 
 def log(msg: str) -> None:
@@ -109,31 +121,61 @@ def run_worker(args: argparse.Namespace, precision: str, threads: int, compiled:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def starvation(chunks: list[tuple[float, float, float]]) -> dict[str, Any]:
+def starvation(chunks: list[tuple[float, float, float]], resume: bool = True) -> dict[str, Any]:
     """From (stamp, arrival, covered seconds) per chunk: how often and how long the robot had no action left.
 
-    A chunk's actions end `covered` seconds after its observation's stamp; one arriving after that, every action
-    already due, runs from its arrival instead (`control.run_late_chunks`, the default). A chunk arriving after the
-    newest plan ended is a starvation: the robot held from the plan's end to that arrival. Held intervals never
-    overlap, so their sum is at most the run's length.
+    The executor's rules (omni_ros/control/executor.py), replayed: a chunk's actions end `covered` seconds after
+    its observation's stamp. A chunk arriving after the newest plan ended is a starvation: the robot held from the
+    plan's end to that arrival, and the chunk plays on from its first action after the plan's end (`resume`:
+    `control.resume_where_held`), or without it from its action due at the arrival; a chunk whose every action is
+    due runs from its first if it was observed after the plan ended (`control.run_late_chunks`), and is refused if
+    not (the robot holds on). Held intervals never overlap, so their sum is at most the run's length.
     """
     events, held = 0, 0.0
     newest_end: float | None = None
     for stamp, arrival, covered in sorted(chunks, key=lambda c: c[1]):
         end = stamp + covered
-        if newest_end is None or arrival > newest_end:
-            if newest_end is not None:
-                events += 1
-                held += arrival - newest_end
-            if arrival > end:  # every action already due: the chunk runs from its arrival
-                end = arrival + covered
-        newest_end = end if newest_end is None else max(newest_end, end)
+        if newest_end is None:  # the first chunk: the robot stood still until it came
+            newest_end = arrival + covered if arrival > end else end
+        elif arrival > newest_end:
+            if resume:
+                left = end - max(newest_end, stamp)  # this chunk's motion after the plan's end
+            elif arrival < end:
+                left = end - arrival  # the actions due from its arrival on
+            else:
+                left = covered if newest_end <= stamp else 0.0  # observed at rest: run from its first action
+            if left <= 0:
+                continue  # refused: the robot holds on until a chunk that is not
+            events += 1
+            held += arrival - newest_end
+            newest_end = arrival + left
+        else:
+            newest_end = max(newest_end, end)
     return {"starvations": events, "held_s": round(held, 2)}
 
 
+MOTION_KEYS = ("plan_ran_out", "held_s", "resumed_chunks", "late_chunks_run", "chunks_accepted", "chunks_rejected")
+
+
+def motion_in_window(reports: list[tuple[float, dict[str, str]]], start: float) -> dict[str, float] | None:
+    """The executor's counts (cumulative since the node started) over the window from `start` to the last report:
+    the last report minus the last one before `start` (none: the node had counted nothing yet)."""
+    before = [values for t, values in reports if t <= start]
+    after = [values for t, values in reports if t > start]
+    if not after or not all(k in after[-1] for k in MOTION_KEYS):
+        return None
+    base = before[-1] if before and all(k in before[-1] for k in MOTION_KEYS) else dict.fromkeys(MOTION_KEYS, "0")
+    return {k: round(float(after[-1][k]) - float(base[k]), 2) for k in MOTION_KEYS}
+
+
 def live(
-    args: argparse.Namespace, wait_policy: str | None = None, executor: str | None = None, compile: str = "off"
+    args: argparse.Namespace,
+    wait_policy: str | None = None,
+    executor: str | None = None,
+    compile: str | None = None,
+    resume: str = "on",
 ) -> dict[str, Any]:
+    from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor
     from trajectory_msgs.msg import JointTrajectory
 
@@ -158,7 +200,9 @@ def live(
     data["control"] = {**data.get("control", {}), "blending": "rtc"}
     if args.live_rtc_method:
         data["control"]["rtc"] = {**data["control"].get("rtc", {}), "method": args.live_rtc_method}
+    compile = compile or ("on" if args.live_compiled else "off")
     data["policy"]["compile"] = compile == "on"
+    data["control"]["resume_where_held"] = resume == "on"
     # The checkpoint's cameras on the simulator's, in order (a LeRobot folder names its own).
     data.setdefault("topics", {})["cameras"] = [
         {"name": c, "topic": f"/camera/{s}/image_raw"} for c, s in zip(cameras, sim_cameras, strict=False)
@@ -188,18 +232,31 @@ def live(
         node.create_subscription(JointTrajectory, config.control.command_topic, lambda m: commands.append(now()), 200)
         node.create_subscription(ActionChunk, "/omni_ros/action_chunk", on_chunk, 50)
         node.create_subscription(PolicyStatus, config.status.topic, statuses.append, 10)
+        motion: list[tuple[float, dict[str, str]]] = []  # the executor's counts from the node's diagnostics
+        node.create_subscription(
+            DiagnosticArray,
+            config.topics.diagnostics,
+            lambda m: motion.extend((now(), {kv.key: kv.value for kv in d.values}) for d in m.status[:1]),
+            10,
+        )
+        window: list[float] = []
         spinner = SingleThreadedExecutor(context=context)
         spinner.add_node(node)
         try:
             log(f"live: waiting for the first command (loading {args.checkpoint}), then {args.live_seconds:g} s")
             cpu_before: list[float] = []
+
+            def on_measure() -> None:
+                cpu_before.extend(cpu_seconds(p.pid) for p in procs)
+                window.append(now())
+
             listen(
                 spinner,
                 lambda: len(chunks) >= 2,
                 [commands, chunks, latencies],
                 5.0,
                 args.live_seconds,
-                on_measure=lambda: cpu_before.extend(cpu_seconds(p.pid) for p in procs),
+                on_measure=on_measure,
                 # A compiled policy's first chunk waits for its compilation (minutes for a full-size SmolVLA).
                 start_timeout=900.0 if compile == "on" else 120.0,
             )
@@ -212,7 +269,8 @@ def live(
             stop(spinner, node, context, procs)
             for f in logs:
                 f.close()
-        tail = [(Path(tmp) / f"{i}.log").read_text()[-1500:] for i in range(2)]
+        texts = [(Path(tmp) / f"{i}.log").read_text() for i in range(2)]
+    tail = [t[-1500:] for t in texts]
     intervals = np.diff(commands) if len(commands) > 1 else np.array([args.live_seconds])
     return {
         "seconds": args.live_seconds,
@@ -220,6 +278,7 @@ def live(
         "omp_wait_policy": wait_policy or "default",
         "executor": executor or "default",
         "compiled": compile == "on",
+        "resume_where_held": resume == "on",
         "rtc_method": config.control.rtc.method,
         "commands_per_s": round(len(commands) / args.live_seconds, 2),
         "control_rate_hz": config.robot.control_rate_hz,
@@ -227,8 +286,18 @@ def live(
         "chunks": len(chunks),
         "chunk_inference_ms_p50": round(1e3 * float(np.median(latencies)), 1) if latencies else None,
         "cores_busy": cpu_share,
-        **starvation(chunks),
+        # The executor's own account over the window (its diagnostics, 1-2 Hz: each end within one period):
+        # how often the plan ran out and the seconds it held so, episode resets and stops not counted.
+        "motion": motion_in_window(motion, window[0]) if window else None,
+        # The same replayed from the chunks' stamps and arrivals (starvation()): blind to the chunks the node
+        # dropped (a new episode's prompt resets the plan), so it can differ from the executor's count.
+        "timeline_replay": starvation(chunks, resume=resume == "on"),
         # The policy node's own account, from its status detail while the robot held (ActionChunkExecutor.keeping_up).
+        # Chunks the executor refused, by reason (numbers dropped so equal reasons group), from the node's log, and
+        # the states its status reported: an inference abandoned for stale inputs, or a chunk past its end, is
+        # time the robot held that the latency alone does not explain.
+        "chunks_not_executed": dict(Counter(re.sub(r"[0-9.]+", "N", m) for m in NOT_EXECUTED.findall(texts[1]))),
+        "status_states": dict(Counter(s.state_name for s in statuses if window and stamp(s) >= window[0])),
         "node_status_while_holding": next((s.detail for s in reversed(statuses) if PLAN_EXHAUSTED in s.detail), None),
         # Each chunk as (observation stamp, arrival, seconds of motion) from the first arrival: the raw record the
         # starvation figures come from, so they can be recomputed.
@@ -255,7 +324,9 @@ def ensure_checkpoint(args: argparse.Namespace) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", help="a checkpoint folder (default: LeRobot's full-size SmolVLA, built once)")
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"])
+    parser.add_argument(
+        "--precisions", nargs="*", default=["fp32", "bf16", "int8"], help="offline rows (none: the live run only)"
+    )
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fps", type=float, default=30.0, help="control rate the chunk's actions execute at")
@@ -281,6 +352,17 @@ def main() -> int:
         nargs="+",
         choices=["off", "on"],
         help="repeat the live run once per policy.compile setting (default: off, the product's)",
+    )
+    parser.add_argument(
+        "--live-resume",
+        nargs="+",
+        choices=["off", "on"],
+        help="repeat the live run once per control.resume_where_held setting (default: on, the product's)",
+    )
+    parser.add_argument(
+        "--live-compiled",
+        action="store_true",
+        help="policy.compile on in every live run that --live-compile does not set (the fastest policy's runs)",
     )
     parser.add_argument(
         "--live-rtc-method", choices=["guided", "inpaint"], help="control.rtc.method of the live run (default guided)"
@@ -322,9 +404,10 @@ def main() -> int:
         variants = [("wait_policy", p) for p in args.live_wait_policies or []]
         variants += [("executor", e) for e in args.live_executors or []]
         variants += [("compile", c) for c in args.live_compile or []]
+        variants += [("resume", r) for r in args.live_resume or []]
         runs = {(kind, value): live(args, **{kind: value}) for kind, value in variants or [("wait_policy", None)]}
         report["live"] = next(iter(runs.values()))
-        kinds = ("wait_policy", "executor", "compile")
+        kinds = ("wait_policy", "executor", "compile", "resume")
         for kind, key in ((k, f"live_by_{k}") for k in kinds):
             if any(k == kind for k, _ in variants):
                 report[key] = {value: run for (k, value), run in runs.items() if k == kind}

@@ -20,10 +20,41 @@ def test_chunks_that_arrive_in_time_never_starve():
 
 def test_a_late_chunk_runs_from_its_arrival_and_held_time_never_overlaps():
     # Inference takes 3 s and a chunk covers 1 s: the robot runs each chunk on arrival (run_late_chunks), the first
-    # one too, then holds 2 s until the next, which was observed as the previous one arrived.
-    chunks = [(0.0, 3.0, 1.0), (3.0, 6.0, 1.0), (6.0, 9.0, 1.0), (9.0, 12.0, 1.0)]
+    # one too, and, the policy slower than a chunk, the next observation is taken when the plan has ended.
+    chunks = [(0.0, 3.0, 1.0), (4.0, 7.0, 1.0), (8.0, 11.0, 1.0), (12.0, 15.0, 1.0)]
     result = realtime.starvation(chunks)
     assert result["starvations"] == 3
-    # Held from 4 to 6, 7 to 9, 10 to 12; the run lasted 12 s.
-    assert result["held_s"] == pytest.approx(6.0, abs=1e-9)
-    assert result["held_s"] <= 12.0
+    # Held from 4 to 7, 8 to 11, 12 to 15; the run lasted 15 s.
+    assert result["held_s"] == pytest.approx(9.0, abs=1e-9)
+
+
+def test_a_chunk_after_the_plan_ran_out_plays_on_from_where_the_robot_stopped():
+    # 0.7 s a chunk of 1 s of motion, each observed as the one before arrives. The second arrives at 1.4 s, 0.4 s
+    # after the first plan ended: it plays its 0.7 s after that end from 1.4 s (resume_where_held), so the third,
+    # at 2.1 s, is in time; the fourth again comes 0.4 s after the plan's end. Skipping the held actions instead
+    # would leave each chunk 0.3 s of motion and starve at every arrival.
+    chunks = [(0.7 * k, 0.7 * (k + 1), 1.0) for k in range(4)]
+    result = realtime.starvation(chunks)
+    assert result["starvations"] == 2
+    assert result["held_s"] == pytest.approx(0.8, abs=1e-9)
+    # Skipping (resume_where_held off): each arrives 0.4 s after the plan before it ended, with 0.3 s left.
+    skipped = realtime.starvation(chunks, resume=False)
+    assert skipped["starvations"] == 3 and skipped["held_s"] == pytest.approx(1.2, abs=1e-9)
+
+
+def test_a_chunk_whose_actions_all_fell_due_while_the_robot_moved_is_refused_and_the_hold_counted_once():
+    # The second, observed at 0.2 s and covering 0.8 s, ends when the first plan does (1.0 s) and arrives at 2.0 s:
+    # refused. The third, observed at 1.9 s while the robot held, ends the hold at 2.5 s.
+    chunks = [(0.0, 0.0, 1.0), (0.2, 2.0, 0.8), (1.9, 2.5, 1.0)]
+    assert realtime.starvation(chunks) == {"starvations": 1, "held_s": 1.5}
+
+
+def test_the_executors_counts_over_the_window_are_the_last_report_minus_the_one_before_it():
+    def report(ran_out: int, held: float) -> dict[str, str]:
+        return {k: "0" for k in realtime.MOTION_KEYS} | {"plan_ran_out": str(ran_out), "held_s": str(held)}
+
+    reports = [(1.0, report(1, 0.5)), (2.0, report(2, 1.0)), (3.0, report(5, 2.5)), (4.0, report(7, 4.0))]
+    window = realtime.motion_in_window(reports, start=2.5)
+    assert window is not None and window["plan_ran_out"] == 5 and window["held_s"] == pytest.approx(3.0)
+    assert realtime.motion_in_window(reports, start=0.5)["held_s"] == pytest.approx(4.0)  # nothing before: from 0
+    assert realtime.motion_in_window(reports, start=4.5) is None  # no report in the window

@@ -393,6 +393,102 @@ def test_answers_to_requests_from_before_a_stop_or_reset_are_dropped():
     np.testing.assert_allclose(executor.tick(0.4).positions, [0.7, -0.7])
 
 
+def test_an_inference_in_flight_survives_a_blip_of_stale_inputs_but_not_a_pause():
+    # Its observation was fresh when taken; only a pause or e-stop makes its answer unwanted.
+    executor = make("latest")
+    first = executor.request_started(0.0)
+    executor.set_stale(True, "camera 'base' is 0.6 s old")
+    executor.set_stale(False)
+    assert executor.inflight_since == 0.0 and not executor.should_request(0.1)  # still awaited: no second one
+    report = executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.2, request_id=first)
+    assert report.accepted
+    # Still stale when it arrives: refused (nothing is commanded on stale inputs), and the next request allowed.
+    second = executor.request_started(0.3)
+    executor.set_stale(True, "camera 'base' is 0.6 s old")
+    report = executor.add_chunk(chunk_at(0.3), stamp=0.3, dt=DT, now=0.4, request_id=second)
+    assert not report.accepted and "stale-input" in report.reason
+    executor.set_stale(False)
+    assert executor.should_request(0.5)
+    # A pause during stale inputs still abandons the request, even though the executor was already stopped.
+    third = executor.request_started(0.5)
+    executor.set_stale(True, "camera 'base' is 0.6 s old")
+    executor.pause()
+    executor.set_stale(False)
+    executor.resume()
+    late = executor.add_chunk(chunk_at(0.5), stamp=0.5, dt=DT, now=0.6, request_id=third)
+    assert not late.accepted and "before a stop or reset" in late.reason
+
+
+INDEXED = np.arange(100, dtype=np.float64).reshape(50, 2)  # action i = [2i, 2i + 1]: the index is readable
+
+
+def played_out(until: float, **overrides) -> ActionChunkExecutor:
+    """An executor that ran INDEXED from 0 s (last action at 0.98 s) and has held since, until `until`."""
+    executor = make("latest", **overrides)
+    assert executor.add_chunk(INDEXED, stamp=0.0, dt=DT, now=0.0).accepted
+    run(executor, 0.0, until)
+    return executor
+
+
+def test_a_chunk_arriving_after_the_plan_ran_out_plays_on_from_where_the_robot_stopped():
+    executor, actions = played_out(1.3), INDEXED
+    # Observed at 0.5 s (the plan's action 25), answered at 1.3 s: the robot held action 49 since 0.98 s. The
+    # new chunk's action i is due at 0.5 + i * DT, so its first action after 0.98 s is i = 25 (at 1.0 s).
+    report = executor.add_chunk(actions + 1000, stamp=0.5, dt=DT, now=1.3)
+    assert report.accepted and report.skipped == 25  # the ones the old plan moved through, not the held ones
+    np.testing.assert_allclose(executor.tick(1.3).positions, actions[25] + 1000)
+    np.testing.assert_allclose(executor.tick(1.3 + 4 * DT).positions, actions[29] + 1000)
+    assert executor.stats.extra["resumed_chunks"] == 1
+    # Off: the actions due while the robot held are skipped (0.8 s after 0.5 s: action 40).
+    executor = played_out(1.3, resume_where_held=False)
+    assert executor.add_chunk(actions + 1000, stamp=0.5, dt=DT, now=1.3).skipped == 40
+    np.testing.assert_allclose(executor.tick(1.3).positions, actions[40] + 1000)
+
+
+def test_a_chunk_observed_after_the_plan_ran_out_starts_at_its_first_action():
+    # The robot stood still from before the observation to the arrival: like a synchronous policy's chunk.
+    executor, actions = played_out(1.5), INDEXED
+    assert executor.add_chunk(actions + 1000, stamp=1.1, dt=DT, now=1.5).skipped == 0
+    np.testing.assert_allclose(executor.tick(1.5).positions, actions[0] + 1000)
+
+
+def test_a_chunk_whose_actions_all_fell_due_while_the_robot_moved_is_still_refused():
+    executor = make("latest")
+    executor.add_chunk(chunk_at(0.0), stamp=0.0, dt=DT, now=0.0)  # moves until 0.98 s
+    run(executor, 0.0, 1.2)
+    report = executor.add_chunk(chunk_at(0.5, horizon=10), stamp=0.5, dt=DT, now=1.2)  # due 0.5 .. 0.68 s
+    assert not report.accepted and "past its end" in report.reason
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_policy_slower_than_half_a_chunk_pauses_the_robot_without_skipping_motion(resume: bool):
+    # One inference at a time, 0.7 s a chunk of 1 s of motion, each observed when the one before arrives: every
+    # other plan runs out before its successor arrives. The policy drives both joints along a ramp at 1 unit/s
+    # from wherever it observes the robot. Resuming where the robot stopped keeps every command within a tick's
+    # motion of the one before, and holds less; skipping jumps over the motion that fell due while it held.
+    speed, latency = 1.0, 0.7
+    executor = make("latest", resume_where_held=resume)
+
+    def ramp_from(position: np.ndarray) -> np.ndarray:
+        return position + speed * DT * np.arange(50)[:, None]
+
+    t, commands = 0.0, []
+    executor.add_chunk(ramp_from(trajectory(0.0)), stamp=0.0, dt=DT, now=0.0)
+    for _ in range(12):
+        cycle = run(executor, t, t + latency)
+        commands += cycle
+        observed, t = cycle[0].positions, t + latency  # the observation was taken as this cycle began
+        assert executor.add_chunk(ramp_from(observed), stamp=t - latency, dt=DT, now=t).accepted
+    steps = np.abs(np.diff(np.array([c.positions for c in commands]), axis=0)).max(axis=1)
+    held = executor.stats.extra["held_s"]
+    if resume:
+        assert steps.max() <= speed * TICK * 1.01, "a resumed plan moves on from where the robot held"
+        assert held < 0.35 * 12 * latency
+    else:
+        assert steps.max() > speed * TICK * 5, "skipping the held actions makes the command jump"
+        assert held > 0.35 * 12 * latency
+
+
 def test_dry_run_computes_commands_but_publishes_none():
     executor = ActionChunkExecutor(2, ControlConfig(max_velocity=[]), control_rate_hz=RATE, dry_run=True)
     executor.observe_position(trajectory(0.0))
@@ -488,3 +584,14 @@ def test_a_stop_is_not_counted_as_the_plan_running_out():
     executor.set_estop(True)
     run(executor, 0.5, 2.0)
     assert "plan_ran_out" not in executor.stats.extra
+
+
+def test_motion_counts_report_holds_including_the_one_under_way():
+    executor, actions = played_out(1.5), INDEXED  # held from the first tick past 0.98 s
+    counts = executor.motion_counts(1.5)
+    assert counts["plan_ran_out"] == 1 and counts["chunks_accepted"] == 1
+    assert counts["held_s"] == pytest.approx(1.5 - 0.98, abs=TICK + 1e-9)
+    executor.add_chunk(actions, stamp=0.5, dt=DT, now=1.5)  # resumes where the robot stopped
+    run(executor, 1.5, 1.6)
+    later = executor.motion_counts(3.0)  # the plan runs again: the finished hold only
+    assert later["resumed_chunks"] == 1 and later["held_s"] == pytest.approx(counts["held_s"], abs=TICK + 1e-9)

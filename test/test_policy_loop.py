@@ -254,7 +254,10 @@ def test_an_observation_answered_too_late_waits_for_a_newer_one(config, gated):
     # CPU from the robot. The loop waits for a newer observation.
     import dataclasses
 
-    control = dataclasses.replace(config.control, prefetch_threshold=1.0, camera_stale_s=30.0, state_stale_s=30.0)
+    # resume_where_held off: with it, this answer would play its last action, due after the first plan's end.
+    control = dataclasses.replace(
+        config.control, prefetch_threshold=1.0, camera_stale_s=30.0, state_stale_s=30.0, resume_where_held=False
+    )
     r = Run(dataclasses.replace(config, control=control), gated)
     try:
         r.loop.prompt(String(data="reach the red block"))
@@ -283,6 +286,62 @@ def test_an_observation_answered_too_late_waits_for_a_newer_one(config, gated):
         r.loop.tick()
         assert r.loop.executor.inflight_since == r.clock()
         assert r.wait_for(lambda: len(r.chunks) == 3)
+    finally:
+        gated.gate.set()
+        r.loop.close()
+
+
+def test_an_abandoned_inference_is_waited_for_not_queued_behind(run, gated):
+    # A pause abandons the inference in flight, which still holds the one inference thread. Submitting the next
+    # one then would queue it, and it would run on the observation of now after the wait (on a compiling policy,
+    # minutes): the loop waits, and the next inference reads the newest observation when it can start.
+    calls: list[float] = []
+    infer = gated.infer
+    gated.infer = lambda obs, **kw: (calls.append(run.clock()), infer(obs, **kw))[1]
+    run.loop.prompt(String(data="reach the red block"))
+    run.loop.activate()
+    run.send()
+    run.loop.tick()
+    assert run.wait_for(lambda: len(calls) == 1)  # held at the gate
+    run.loop.executor.pause()
+    run.loop.executor.resume()
+    for _ in range(3):  # inputs fresh, no request in flight: the executor asks, the loop waits
+        run.clock.t += 0.02
+        run.send()
+        run.loop.tick()
+    assert run.loop.executor.inflight_since is None
+    gated.gate.set()
+    assert run.wait_for(lambda: len(run.chunks) == 1)  # the abandoned one's answer, dropped
+    assert run.loop.executor.stats.chunks_rejected == 1
+    assert "before a stop or reset" in run.loop.executor.stats.last_reject_reason
+    run.clock.t += 0.02
+    run.send()
+    run.loop.tick()
+    assert run.wait_for(lambda: len(run.chunks) == 2)
+    assert calls == [100.0, run.clock()]  # two inferences, the second on the newest observation
+    assert run.loop.executor.stats.chunks_accepted == 1
+
+
+def test_a_blip_of_stale_inputs_keeps_the_inference_in_flight(config, gated):
+    # 2 busy cores can delay the node's callbacks past camera_stale_s for a moment: the executor stops commanding,
+    # but the inference of a fresh observation is kept, and its chunk runs once the inputs are fresh again.
+    r = Run(config, gated)
+    try:
+        r.loop.prompt(String(data="reach the red block"))
+        r.loop.activate()
+        r.send()
+        r.loop.tick()
+        observed = r.clock()
+        assert r.loop.executor.inflight_since == observed
+        r.clock.t += config.control.camera_stale_s + 0.1  # no message for longer than camera_stale_s
+        r.loop.tick()
+        assert r.loop.executor.state is ExecState.STALE_INPUT and r.loop.executor.inflight_since == observed
+        r.send()
+        r.loop.tick()  # fresh again: the same inference is still awaited, no second one
+        assert r.loop.executor.state is not ExecState.STALE_INPUT and r.loop.executor.inflight_since == observed
+        gated.gate.set()
+        assert r.wait_for(lambda: len(r.chunks) == 1)
+        assert r.loop.executor.stats.chunks_accepted == 1 and r.loop.executor.stats.chunks_rejected == 0
     finally:
         gated.gate.set()
         r.loop.close()

@@ -130,3 +130,12 @@ def test_diagnostics_mirror_the_status(code, level):
         "dropped_frames": "2",
         "errors": "1",
     }
+
+
+def test_diagnostics_carry_the_executors_motion_counts():
+    motion = {"plan_ran_out": 3, "held_s": 2.5, "resumed_chunks": 2}
+    values = {
+        kv.key: kv.value for kv in messages.diagnostics(_status(PolicyStatus.RUNNING), "p", motion).status[0].values
+    }
+    assert values["plan_ran_out"] == "3" and values["held_s"] == "2.5" and values["resumed_chunks"] == "2"
+    assert values["state"] == "running"  # the status's values are kept

@@ -107,6 +107,12 @@ class ControlConfig:
     # stop, think, move), and stop prefetching while inference takes longer than a chunk (a prefetched answer
     # would be late and dropped). false: late chunks are dropped and the robot holds until one is in time.
     run_late_chunks: bool = True
+    # A chunk arriving after the plan before it ran out (the robot holding its last action): play it on from the
+    # action after the plan's last one, shifted to start now, instead of skipping the actions that fell due while
+    # the robot held (it would jump ahead over motion it never made). The robot pauses and resumes where it
+    # stopped; with a policy slower than half a chunk this also halves the time held (bench/realtime.py's live
+    # run). false: such a chunk skips to the action due now, as if the robot had kept moving.
+    resume_where_held: bool = True
     # Joint position limits in robot units; empty -> none, one value -> every joint.
     position_lower: list[float] = field(default_factory=list)
     position_upper: list[float] = field(default_factory=list)

@@ -16,6 +16,9 @@ chunks (`run_late_chunks`) runs synchronously: a chunk whose every action is
 past runs from its arrival when the robot held still since its observation (the
 observation still shows where the robot is), and no inference is prefetched
 while the measured latency exceeds a chunk (its answer would come too late).
+A chunk arriving after the plan before it ran out (`resume_where_held`) plays on
+from the action after the plan's last one: the actions that fell due while the
+robot held are not skipped, so the robot pauses instead of jumping ahead.
 
 Real-time chunking (`blending: rtc`): right after `request_started`, the caller asks
 `rtc_request(stamp)` for what the policy needs to continue the plan (the plan at the
@@ -157,7 +160,7 @@ class ActionChunkExecutor:
         self._measured: np.ndarray | None = None
         self._next_id = 0
         self._inflight_since: float | None = None
-        # Id of the one inference whose chunk is wanted; a stop or reset invalidates it.
+        # Id of the one inference whose chunk is wanted; a pause, e-stop or reset invalidates it (stale inputs do not).
         self._request_seq = 0
         self._live_request: int | None = None
         self._stale_reason = ""
@@ -190,7 +193,7 @@ class ActionChunkExecutor:
         """A chunk answering the observation stamped `stamp` arrived at `now`; actions are (H, dim).
 
         `request_id` (from `request_started`) lets the executor drop the answer to an inference that
-        was started before a stop or `reset_plan()`; without it every chunk is considered current.
+        was started before a pause, an e-stop or `reset_plan()`; without it every chunk is considered current.
         """
         with self._lock:
             chunk_id = self._next_id
@@ -222,6 +225,15 @@ class ActionChunkExecutor:
                 return self._reject(chunk_id, f"not running ({self.state.value}); chunk dropped", hold=False)
             start = stamp if self.config.latency_compensation else now
             chunk = ChunkTrajectory(arr, start, dt, chunk_id)
+            resume = self._resume_index(chunk, now)
+            all_due = now >= chunk.end + dt  # every action was due before it arrived
+            if resume is not None and (self.config.run_late_chunks or not all_due):
+                # The robot has held since its plan ran out: play on from the action it stopped at rather than
+                # skip the ones that fell due while it held (it pauses; it does not jump ahead).
+                self.stats.late_chunks_run += int(all_due)
+                chunk = ChunkTrajectory(arr, now - resume * dt, dt, chunk_id)
+                self.stats.extra["resumed_chunks"] = self.stats.extra.get("resumed_chunks", 0) + 1
+                continued = None
             if now >= chunk.end + dt:
                 if not (self.config.run_late_chunks and self._still_since(stamp)):
                     late = f"chunk arrived {now - stamp:.3f} s after its observation, past its end"
@@ -238,6 +250,17 @@ class ActionChunkExecutor:
             self.stats.chunks_accepted += 1
             self.stats.skipped_actions += skipped
             return ChunkReport(True, chunk_id, skipped)
+
+    def _resume_index(self, chunk: ChunkTrajectory, now: float) -> int | None:
+        """With `resume_where_held`, when the running plan ran out before `now`: the index of `chunk`'s first
+        action after the plan's last one (0 if the plan ended before the chunk's observation), to be played now.
+        None while the plan still runs, without a plan, or when every action of `chunk` fell due while the plan
+        still moved the robot (the late rule decides that chunk)."""
+        newest = self._newest
+        if not self.config.resume_where_held or self._traj is None or newest is None or now <= newest.end:
+            return None
+        first = max(0, math.floor((newest.end - chunk.start) / chunk.dt + 1e-9) + 1)
+        return first if first < chunk.horizon else None
 
     def _still_since(self, stamp: float) -> bool:
         """Whether nothing moved the robot after `stamp`: no plan (start-up, or dropped by a stop, after which the
@@ -423,14 +446,20 @@ class ActionChunkExecutor:
     def _set_flag(self, name: str, value: bool) -> None:
         was_stopped = self._stopped()
         setattr(self, name, value)
+        # A pause or e-stop abandons the inference in flight: nothing asked before it may move the robot after
+        # it. Stale inputs do not: that observation was fresh when taken, and a blip of late messages (2 busy
+        # cores delay the node's callbacks) would otherwise throw away a whole inference and queue another
+        # behind it. Its chunk is refused if inputs are still stale when it arrives, judged as any other if not.
+        if value and name != "_stale":
+            self._abandon_request()
         if self._stopped() and not was_stopped:
             self._drop_plan()
-            self._abandon_request()
         elif was_stopped and not self._stopped():
             # Restart from where the robot is now, which may differ from the last command after a stop.
             if self._measured is not None:
                 self._last_command = self._measured.copy()
-            self._abandon_request()
+            if name != "_stale":
+                self._abandon_request()
 
     def _abandon_request(self) -> None:
         self._inflight_since = None
@@ -508,13 +537,30 @@ class ActionChunkExecutor:
             self.stats.extra["held_s"] = self.stats.extra.get("held_s", 0.0) + (now - self._ran_out_at)
             self._ran_out_at = None
 
+    def motion_counts(self, now: float) -> dict[str, float]:
+        """How the plan has fared since start-up, for the node's diagnostics: chunks accepted and refused, the
+        ones run late or resumed where the robot stopped, how often the plan ran out and the seconds held so
+        (the hold under way included up to `now`)."""
+        with self._lock:
+            extra = self.stats.extra
+            held = extra.get("held_s", 0.0) + (now - self._ran_out_at if self._ran_out_at is not None else 0.0)
+            return {
+                "chunks_accepted": self.stats.chunks_accepted,
+                "chunks_rejected": self.stats.chunks_rejected,
+                "late_chunks_run": self.stats.late_chunks_run,
+                "resumed_chunks": int(extra.get("resumed_chunks", 0)),
+                "plan_ran_out": int(extra.get("plan_ran_out", 0)),
+                "held_s": round(max(0.0, held), 3),
+            }
+
     def keeping_up(self) -> str:
         """Why the robot pauses between chunks, when it does: "" while every chunk has arrived within the plan
         before it; else how often the plan ran out, and what the chunks' latency asks of the policy.
 
         With one inference at a time a chunk's observation is taken when the previous chunk arrives, so each
         chunk must come back within the plan of the one before: latency <= half a chunk's motion (bench/
-        realtime.py's live run: a full-size SmolVLA at 1.36 s a chunk for 1.67 s of motion held 87 s of 120)."""
+        realtime.py's live run: a full-size SmolVLA at 1.08 s a chunk for 1.67 s of motion held 24.6 s of 120,
+        resuming where it stopped; bench/results/realtime_resume.json)."""
         with self._lock:
             ran_out = int(self.stats.extra.get("plan_ran_out", 0))
             if ran_out == 0 or self._newest is None or not self._latencies:

@@ -151,8 +151,10 @@ def policy_status(
     return msg
 
 
-def diagnostics(status: PolicyStatus, name: str) -> DiagnosticArray:
-    """The status as one DiagnosticStatus named `name` (OK / WARN for stale input and e-stop / ERROR)."""
+def diagnostics(status: PolicyStatus, name: str, motion: Mapping[str, float] | None = None) -> DiagnosticArray:
+    """The status as one DiagnosticStatus named `name` (OK / WARN for stale input and e-stop / ERROR), with the
+    executor's `motion` counts (ActionChunkExecutor.motion_counts: how often the plan ran out, seconds held, ...)
+    as further values when given."""
     diag = DiagnosticStatus(
         level=DIAGNOSTIC_LEVELS[status.state], name=name, message=status.detail, hardware_id=status.backend
     )
@@ -169,6 +171,7 @@ def diagnostics(status: PolicyStatus, name: str) -> DiagnosticArray:
             ("commands", status.commands),
             ("dropped_frames", status.dropped_frames),
             ("errors", status.errors),
+            *(motion or {}).items(),
         )
     ]
     array = DiagnosticArray()

@@ -160,6 +160,8 @@ class PolicyLoop:
         self._log = log
         self._next_chunk_id = 0  # written by the one inference thread only
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inference")
+        # The inference running on it, if any: a new one never queues behind it (see _start_inference).
+        self._running: concurrent.futures.Future | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="control", daemon=True)
         # Held for a whole control tick, so `hold()` returns only once no tick can still publish a command
@@ -299,6 +301,10 @@ class PolicyLoop:
             self._halt()
 
     def _start_inference(self, now: float) -> None:
+        if self._running is not None and not self._running.done():
+            # An abandoned inference (a pause, e-stop or reset) still holds the one worker: wait for it, so the next
+            # one reads the newest observation when it can start, not the one of now after a queue's wait.
+            return
         try:
             assembled = self.assembler.assemble(now)
         except StaleInput as exc:
@@ -309,7 +315,7 @@ class PolicyLoop:
         request_id = self.executor.request_started(now)
         # blending rtc: what the policy needs to continue the plan from this observation (None otherwise).
         rtc = self.executor.rtc_request(assembled.stamp)
-        future = self._pool.submit(self._infer, assembled.obs, rtc)
+        future = self._running = self._pool.submit(self._infer, assembled.obs, rtc)
         future.add_done_callback(functools.partial(self._chunk_done, stamp=assembled.stamp, request_id=request_id))
 
     def _infer(self, obs: dict[str, Any], rtc: RtcRequest | None) -> tuple[dict[str, Any], float]:

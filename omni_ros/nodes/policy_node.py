@@ -251,7 +251,8 @@ class PolicyNode(LifecycleNode):
         )
         if self._status_pub is not None and self._diag_pub is not None:
             self._status_pub.publish(msg)
-            self._diag_pub.publish(messages.diagnostics(msg, f"{self.get_name()}: policy"))
+            motion = loop.executor.motion_counts(now)
+            self._diag_pub.publish(messages.diagnostics(msg, f"{self.get_name()}: policy", motion))
         return msg
 
 
