@@ -1,4 +1,5 @@
-"""bench/realtime.py's starvation count: what the README's never-starve figure is computed from."""
+"""bench/realtime.py's live accounting: the executor's counts over the window (the README's held figures) and the
+replay of the chunk timeline under each rule (their cross-check)."""
 
 from __future__ import annotations
 

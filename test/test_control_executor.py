@@ -9,7 +9,7 @@ import pytest
 
 from omni_ros.control.blending import ChunkTrajectory, CrossFade, Ensemble, Hold
 from omni_ros.control.config import ControlConfig
-from omni_ros.control.executor import ActionChunkExecutor, ExecState
+from omni_ros.control.executor import ActionChunkExecutor, ExecState, held_share
 from omni_ros.control.limits import JointLimits
 
 DT = 0.02  # action spacing
@@ -595,3 +595,24 @@ def test_motion_counts_report_holds_including_the_one_under_way():
     run(executor, 1.5, 1.6)
     later = executor.motion_counts(3.0)  # the plan runs again: the finished hold only
     assert later["resumed_chunks"] == 1 and later["held_s"] == pytest.approx(counts["held_s"], abs=TICK + 1e-9)
+
+
+@pytest.mark.parametrize("latency", [0.6, 0.7, 0.9, 1.3, 2.0])
+def test_the_held_share_matches_what_the_executor_does(latency: float):
+    # The loop the node runs, one inference at a time: ask when the executor says so, answer `latency` later from
+    # where the robot was. 1 s chunks; what the executor held over 40 s against held_share's estimate.
+    executor, seconds = make("latest"), 40.0
+    pending, last = None, trajectory(0.0)
+    for i in range(round(seconds / TICK)):
+        t = i * TICK
+        if pending is not None and t >= pending[0] - 1e-9:
+            _, stamp, observed, request = pending
+            executor.add_chunk(observed + DT * np.arange(50)[:, None], stamp, DT, t, request_id=request)
+            pending = None
+        if pending is None and executor.should_request(t):
+            pending = (t + latency, t, last, executor.request_started(t))
+        command = executor.tick(t)
+        last = command.positions if command.positions is not None else last
+    measured = executor.motion_counts(seconds)["held_s"] / seconds
+    assert measured == pytest.approx(held_share(latency, 50, DT), abs=0.04)
+    assert held_share(0.5, 50, DT) == 0.0  # half the motion or less: never holds

@@ -39,6 +39,9 @@ def test_verdict_per_latency(latency: float, verdict: str) -> None:
 def test_verdict_names_the_budget_and_what_to_try() -> None:
     text = realtime_verdict(1.2, 50, 1 / 30)
     assert "at most half its motion (0.83 s)" in text and "--precision" in text
+    # (1.2 - 1.667 / 2) / 1.2 of the time held, resuming where it stopped; synchronous beyond the motion.
+    assert "about 31% of the time" in text
+    assert "about 55% of the time" in realtime_verdict(2.0, 50, 1 / 30)  # 2.0 / (2.0 + 1.667)
     assert "observation -> chunk 1.20 s" in text
     assert "observation -> chunk 12.0 ms" in realtime_verdict(0.012, 8, 0.05)
 

@@ -45,7 +45,7 @@ def _duration(seconds: float) -> str:
 def realtime_verdict(latency_s: float, horizon: int, dt: float) -> str:
     """Whether a chunk computed in `latency_s` keeps an arm moving: its motion, the latency's share of it, and
     what that means with one inference at a time (`pause_free_latency_s`; bench/realtime.py measures it live)."""
-    from omni_ros.control.executor import pause_free_latency_s
+    from omni_ros.control.executor import held_share, pause_free_latency_s
 
     motion = horizon * dt
     budget = pause_free_latency_s(horizon, dt)
@@ -55,13 +55,16 @@ def realtime_verdict(latency_s: float, horizon: int, dt: float) -> str:
     )
     if latency_s <= budget:
         return head + f"keeps an arm moving (a chunk may take up to half its motion, {budget:.2f} s)"
+    share = held_share(latency_s, horizon, dt)
     if latency_s <= motion:
         return head + (
-            f"the arm pauses between chunks: with one inference at a time a chunk must take at most half its "
-            f"motion ({budget:.2f} s); try a faster --precision, --compile, more --threads, fewer cameras"
+            f"the arm pauses between chunks, about {share:.0%} of the time: with one inference at a time a chunk "
+            f"must take at most half its motion ({budget:.2f} s); try a faster --precision, --compile, more "
+            "--threads, fewer cameras"
         )
     return head + (
-        "slower than the motion it plans: the arm moves, stops and waits for each chunk (control.run_late_chunks)"
+        f"slower than the motion it plans: the arm moves, stops and waits for each chunk, about {share:.0%} of the "
+        "time (control.run_late_chunks)"
     )
 
 

@@ -74,6 +74,22 @@ def pause_free_latency_s(horizon: int, dt: float) -> float:
     return horizon * dt / 2
 
 
+def held_share(latency_s: float, horizon: int, dt: float) -> float:
+    """The share of the time the robot holds with one inference at a time, each chunk `latency_s` after its
+    observation, under the executor's defaults (`resume_where_held`, `run_late_chunks`). With T the chunk's
+    motion: none up to T / 2; up to T, (L - T / 2) / L (a chunk arrives every L, and playing on from where the
+    robot stopped, the plans move it T / 2 of each L on average); beyond T, L / (L + T) (move, hold while the next
+    chunk is computed, move). test_control_executor.py checks the executor against it; bench/realtime.py's live
+    run (bench/results/realtime_resume.json), 1.08 s chunks of 1.67 s, held 24.6 s of 120 (0.21; this gives 0.23,
+    and the window also holds the simulator's episode starts, where no plan runs and nothing is counted)."""
+    motion = horizon * dt
+    if latency_s <= motion / 2:
+        return 0.0
+    if latency_s <= motion:
+        return (latency_s - motion / 2) / latency_s
+    return latency_s / (latency_s + motion)
+
+
 class ExecState(str, enum.Enum):
     """Matches the state names of omni_ros/PolicyStatus."""
 
@@ -577,7 +593,9 @@ class ActionChunkExecutor:
                 else f"chunks arrive {latency:.2f} s after their observation, within half a chunk's motion "
                 f"({half:.2f} s)"
             )
-            return f"the plan ran out {ran_out} time(s), holding {held:.1f} s in all; {advice}"
+            share = held_share(latency, chunk.horizon, chunk.dt) if self.config.resume_where_held else None
+            expected = f" (at this latency about {share:.0%} of the time)" if share else ""
+            return f"the plan ran out {ran_out} time(s), holding {held:.1f} s in all{expected}; {advice}"
 
     # ----- the control tick -----------------------------------------------------------------------------------
 
