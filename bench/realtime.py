@@ -25,7 +25,9 @@ apart (`policy.action_dt`). Listened to over DDS (loopback, its own domain): com
 interval between two commands, the cores each process kept busy (`cores_busy`: CPU seconds over wall seconds, of
 the simulator and of the policy), and how often the executor ran out of actions: `motion`, its own counts over
 the window from the node's diagnostics (`plan_ran_out`: times the plan's last action passed before the next chunk
-came, `held_s`: seconds held so, `resumed_chunks`, ...; a new episode's reset and stops not counted), and
+came, `held_s`: seconds held so, `resumed_chunks`, ...; a new episode's reset and stops not counted), the seconds
+the published commands repeated the one before exactly (`commanded_still_s`: the arm told to stand still, whatever
+the executor calls it; with no plan, as at an episode's start, nothing is published), and
 `timeline_replay`, the same replayed from the ActionChunk messages (stamp, horizon, dt; blind to the chunks the node
 dropped, so only a cross-check); and the node's status detail while the robot held. With
 `--live-wait-policies A B`, the live run is repeated once per `policy.omp_wait_policy` (`live` is A's,
@@ -45,6 +47,7 @@ Offline rows only: `--skip-live`; the live runs only: `--precisions` with no val
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -154,6 +157,11 @@ def starvation(chunks: list[tuple[float, float, float]], resume: bool = True) ->
     return {"starvations": events, "held_s": round(held, 2)}
 
 
+def commanded_still(positions: list[tuple[float, tuple[float, ...]]]) -> float:
+    """Seconds from each command to the next that repeats it exactly: the arm told to stand still."""
+    return round(sum(t1 - t0 for (t0, p0), (t1, p1) in itertools.pairwise(positions) if p0 == p1 and p0), 2)
+
+
 MOTION_KEYS = ("plan_ran_out", "held_s", "resumed_chunks", "late_chunks_run", "chunks_accepted", "chunks_rejected")
 
 
@@ -229,7 +237,13 @@ def live(
             chunks.append((stamp(m), now(), m.horizon * float(m.dt)))
             latencies.append(float(m.inference_time))
 
-        node.create_subscription(JointTrajectory, config.control.command_topic, lambda m: commands.append(now()), 200)
+        positions: list[tuple[float, tuple[float, ...]]] = []  # what each command asked of the arm
+
+        def on_command(m: JointTrajectory) -> None:
+            commands.append(now())
+            positions.append((commands[-1], tuple(m.points[0].positions) if m.points else ()))
+
+        node.create_subscription(JointTrajectory, config.control.command_topic, on_command, 200)
         node.create_subscription(ActionChunk, "/omni_ros/action_chunk", on_chunk, 50)
         node.create_subscription(PolicyStatus, config.status.topic, statuses.append, 10)
         motion: list[tuple[float, dict[str, str]]] = []  # the executor's counts from the node's diagnostics
@@ -253,7 +267,7 @@ def live(
             listen(
                 spinner,
                 lambda: len(chunks) >= 2,
-                [commands, chunks, latencies],
+                [commands, chunks, latencies, positions],
                 5.0,
                 args.live_seconds,
                 on_measure=on_measure,
@@ -292,6 +306,9 @@ def live(
         # The same replayed from the chunks' stamps and arrivals (starvation()): blind to the chunks the node
         # dropped (a new episode's prompt resets the plan), so it can differ from the executor's count.
         "timeline_replay": starvation(chunks, resume=resume == "on"),
+        # What the arm was asked: seconds between commands that repeated the one before exactly (a hold), so any
+        # standing still counts, whatever the executor calls it.
+        "commanded_still_s": commanded_still(positions),
         # The policy node's own account, from its status detail while the robot held (ActionChunkExecutor.keeping_up).
         # Chunks the executor refused, by reason (numbers dropped so equal reasons group), from the node's log, and
         # the states its status reported: an inference abandoned for stale inputs, or a chunk past its end, is

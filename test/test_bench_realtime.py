@@ -59,3 +59,11 @@ def test_the_executors_counts_over_the_window_are_the_last_report_minus_the_one_
     assert window is not None and window["plan_ran_out"] == 5 and window["held_s"] == pytest.approx(3.0)
     assert realtime.motion_in_window(reports, start=0.5)["held_s"] == pytest.approx(4.0)  # nothing before: from 0
     assert realtime.motion_in_window(reports, start=4.5) is None  # no report in the window
+
+
+def test_commanded_still_time_sums_the_intervals_between_repeated_commands():
+    hold, step = (0.1, 0.2), (0.1, 0.21)
+    positions = [(0.0, (0.0, 0.0)), (0.02, hold), (0.04, hold), (0.06, hold), (0.08, step), (0.1, step)]
+    # 0.02 -> 0.04 -> 0.06 repeat (0.04 s), 0.08 -> 0.1 repeats (0.02 s); a move in between is not still.
+    assert realtime.commanded_still(positions) == pytest.approx(0.06)
+    assert realtime.commanded_still([]) == 0.0
