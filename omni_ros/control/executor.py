@@ -80,7 +80,7 @@ def held_share(latency_s: float, horizon: int, dt: float) -> float:
     motion: none up to T / 2; up to T, (L - T / 2) / L (a chunk arrives every L, and playing on from where the
     robot stopped, the plans move it T / 2 of each L on average); beyond T, L / (L + T) (move, hold while the next
     chunk is computed, move). test_control_executor.py checks the executor against it; bench/realtime.py's live
-    run (bench/results/realtime_resume.json), 1.08 s chunks of 1.67 s, held 24.6 s of 120 (0.21; this gives 0.23,
+    run (bench/results/realtime_resume.json), 1.11 s chunks of 1.67 s, held 26.6 s of 120 (0.22; this gives 0.25,
     and the window also holds the simulator's episode starts, where no plan runs and nothing is counted)."""
     motion = horizon * dt
     if latency_s <= motion / 2:
@@ -575,7 +575,7 @@ class ActionChunkExecutor:
 
         With one inference at a time a chunk's observation is taken when the previous chunk arrives, so each
         chunk must come back within the plan of the one before: latency <= half a chunk's motion (bench/
-        realtime.py's live run: a full-size SmolVLA at 1.08 s a chunk for 1.67 s of motion held 24.6 s of 120,
+        realtime.py's live run: a full-size SmolVLA at 1.11 s a chunk for 1.67 s of motion held 26.6 s of 120,
         resuming where it stopped; bench/results/realtime_resume.json)."""
         with self._lock:
             ran_out = int(self.stats.extra.get("plan_ran_out", 0))
