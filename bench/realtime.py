@@ -228,7 +228,6 @@ def live(
             for c, f in zip(cmds, logs, strict=True)
         ]
         context, node, now, stamp = ros_listener("bench_realtime_listener")
-        commands: list[float] = []
         chunks: list[tuple[float, float, float]] = []
         latencies: list[float] = []
         statuses: list[PolicyStatus] = []
@@ -237,13 +236,14 @@ def live(
             chunks.append((stamp(m), now(), m.horizon * float(m.dt)))
             latencies.append(float(m.inference_time))
 
-        positions: list[tuple[float, tuple[float, ...]]] = []  # what each command asked of the arm
-
-        def on_command(m: JointTrajectory) -> None:
-            commands.append(now())
-            positions.append((commands[-1], tuple(m.points[0].positions) if m.points else ()))
-
-        node.create_subscription(JointTrajectory, config.control.command_topic, on_command, 200)
+        # Each command's arrival and what it asked of the arm.
+        positions: list[tuple[float, tuple[float, ...]]] = []
+        node.create_subscription(
+            JointTrajectory,
+            config.control.command_topic,
+            lambda m: positions.append((now(), tuple(m.points[0].positions) if m.points else ())),
+            200,
+        )
         node.create_subscription(ActionChunk, "/omni_ros/action_chunk", on_chunk, 50)
         node.create_subscription(PolicyStatus, config.status.topic, statuses.append, 10)
         motion: list[tuple[float, dict[str, str]]] = []  # the executor's counts from the node's diagnostics
@@ -267,7 +267,7 @@ def live(
             listen(
                 spinner,
                 lambda: len(chunks) >= 2,
-                [commands, chunks, latencies, positions],
+                [positions, chunks, latencies],
                 5.0,
                 args.live_seconds,
                 on_measure=on_measure,
@@ -285,6 +285,7 @@ def live(
                 f.close()
         texts = [(Path(tmp) / f"{i}.log").read_text() for i in range(2)]
     tail = [t[-1500:] for t in texts]
+    commands = [t for t, _ in positions]
     intervals = np.diff(commands) if len(commands) > 1 else np.array([args.live_seconds])
     return {
         "seconds": args.live_seconds,

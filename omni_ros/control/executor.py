@@ -83,7 +83,7 @@ def held_share(latency_s: float, horizon: int, dt: float) -> float:
     run (bench/results/realtime_resume.json), 1.11 s chunks of 1.67 s, held 26.6 s of 120 (0.22; this gives 0.25,
     and the window also holds the simulator's episode starts, where no plan runs and nothing is counted)."""
     motion = horizon * dt
-    if latency_s <= motion / 2:
+    if latency_s <= pause_free_latency_s(horizon, dt):
         return 0.0
     if latency_s <= motion:
         return (latency_s - motion / 2) / latency_s
