@@ -1,7 +1,7 @@
 """The denoising steps on one torch thread against all of them, per precision, side by side.
 
     .venv/bin/python bench/step_threads.py --checkpoint DIR [--threads 2] [--precisions fp32 bf16 int8]
-        [--rounds 5] [--out bench/results/step_threads.json]
+        [--rounds 5] [--compiled] [--wait-policy passive|brief|active] [--out bench/results/step_threads.json]
 
 The product times both on a policy's first chunks and keeps the faster (omni_ros.cpu_threads.StepThreads, every
 CPU runner with more than one torch thread). This shows what that choice is worth: for each precision, one fresh
@@ -9,19 +9,30 @@ process (torch's OpenMP settings as the product sets them: passive waiting unles
 otherwise), one policy, chunks in alternating rounds with the steps pinned to one thread and to `--threads`,
 medians per stage. A LeRobot pi0 / pi0.5 / SmolVLA folder: bench/vs_lerobot.py's edge pi0 (/tmp/omni_vs_lerobot/
 pi0_edge) or bench/smolvla.py's.
+
+`--compiled` measures the compiled step (`policy.compile`), whose threads the product sets without timing them
+(one under passive waiting, all of them where idle workers spin: omni_ros/policy/torch_runner.py): a compiled
+graph keeps the thread count it was compiled for, so each arm is its own fresh process (one thread first, then
+`--threads`), each compiling on its first chunk (`first_chunk_s`), then `--rounds` chunks; `denoise_ratio` is the
+second arm's median denoising time over the first's. `--wait-policy` runs the workers under that
+`policy.omp_wait_policy` (default: the product's, passive).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from common import add_worker_args, cpu_facts, emit
 from xnnpack_glue import _alternate, _observation
+
+from omni_ros.cpu_threads import DEFAULT_WAIT_POLICY, SPIN_COUNT_ENV, WAIT_POLICY_ENV, wait_policy_env
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -32,9 +43,19 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     threads = args.threads
     torch.set_num_threads(threads)
-    policy = omni_ros.policy.load(args.checkpoint, precision=args.precision, cpu_linear="packed")
+    load = omni_ros.policy.load
+    policy = load(args.checkpoint, precision=args.precision, cpu_linear="packed", compile=args.compiled)
     obs = _observation(policy.metadata)
     runner = policy.runner
+    if args.compiled:
+        # Before the first chunk, which compiles the step on the threads it runs on.
+        runner.step_threads = StepThreads((args.steps_on,))
+        start = time.perf_counter()
+        policy.infer(obs)
+        first_chunk_s = round(time.perf_counter() - start, 1)
+        name = f"steps_on_{args.steps_on}_torch_thread" + ("s" if args.steps_on > 1 else "")
+        arm = {name: lambda: policy.infer(obs)["policy_timing"]}
+        return {"precision": policy.metadata.precision, "first_chunk_s": first_chunk_s, **_alternate(arm, args.rounds)}
 
     def steps_on(n: int) -> Callable[[], dict[str, float]]:
         def run() -> dict[str, float]:
@@ -53,26 +74,50 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch's threads outside the steps (and the B arm)")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--compiled", action="store_true", help="the compiled step (policy.compile), an arm a process")
+    # Not "runtime": a worker importing omni_ros would set the product's default where the environment is unset.
+    parser.add_argument("--wait-policy", choices=("passive", "brief", "active"), default=DEFAULT_WAIT_POLICY)
     parser.add_argument("--out", help="also write the JSON here")
     add_worker_args(parser)
+    parser.add_argument("--steps-on", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
         return 0
+    # The workers inherit it; the report's machine facts read it from here.
+    for name in (WAIT_POLICY_ENV, SPIN_COUNT_ENV):
+        os.environ.pop(name, None)
+    os.environ.update(wait_policy_env(args.wait_policy, {}))
     report: dict[str, Any] = {"benchmark": "step_threads", "threads": args.threads, "rounds": args.rounds}
+    report["compiled"], report["omp_wait_policy"] = args.compiled, args.wait_policy
     report["precisions"] = {}
     for precision in args.precisions:
         cmd = [sys.executable, __file__, "--worker", "--checkpoint", args.checkpoint, "--precision", precision]
         cmd += ["--threads", str(args.threads), "--rounds", str(args.rounds)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{precision} worker failed:\n{done.stderr[-3000:]}")
-        row = json.loads(done.stdout.strip().splitlines()[-1])
-        print(json.dumps(row), file=sys.stderr, flush=True)
+        if not args.compiled:
+            report["precisions"][precision] = _run_worker(cmd, precision)
+            continue
+        row: dict[str, Any] = {}
+        for steps_on in (1, args.threads):
+            arm = _run_worker([*cmd, "--compiled", "--steps-on", str(steps_on)], precision)
+            row.setdefault("precision", arm.pop("precision"))
+            row[f"first_chunk_s_steps_on_{steps_on}"] = arm.pop("first_chunk_s")
+            row.update(arm)
+        one, many = (row[name]["denoise_ms"] for name in row if name.startswith("steps_on_"))
+        row["denoise_ratio"] = round(many / one, 3)
         report["precisions"][precision] = row
     report["machine"] = cpu_facts()
     emit(report, args.out)
     return 0
+
+
+def _run_worker(cmd: list[str], precision: str) -> dict[str, Any]:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{precision} worker failed:\n{done.stderr[-3000:]}")
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ part, on the threads omni_ros/policy/image_threads.py runs them on.
 
 Graphs are built for the calls of the first inference: their shapes (`dynamic=False`: the runner keeps every
 camera slot and prompt token so that observations do not change them), grad mode and thread count (inductor's
-loops keep the count they were generated for). A later call that differs runs the eager stage, with one warning,
-rather than stall the robot for a recompilation.
+loops keep the count they were generated for, so the runner sets the step's from the wait policy instead of
+timing it). A later call that differs runs the eager stage, with one warning, rather than stall the robot for a
+recompilation.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def check_compilable(device: torch.device) -> None:
             "policy.compile needs a C++ compiler (TorchInductor builds the stages' kernels with it): none of "
             f"$CXX, {', '.join(COMPILERS)} is on PATH. Install one (apt install g++) or set policy.compile: false"
         )
+
+
+# Graphs torch may keep per compiled function in a process (each policy loaded, each thread count).
+RECOMPILE_LIMIT = 64
 
 
 def _shapes(value: Any) -> Any:
@@ -123,6 +128,12 @@ class CompiledStage:
         torch._inductor.config.freezing = True
         # The graph called from C++, not from generated Python: 1.3 ms less a pi0 edge int8 step (10.5 -> 9.3 ms).
         torch._inductor.config.cpp_wrapper = True
+        # torch keeps a function's graphs per code object, one per policy instance it ran on (its guards match the
+        # modules) and thread count; at its default of 8 the ninth compiled policy of a family in one process (a
+        # test session, an evaluator going through checkpoints) failed to compile and served eager.
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
+        dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
         if self.compiled is None:
             self.compiled = torch.compile(self.eager, dynamic=False, fullgraph=True)
         try:

@@ -142,18 +142,22 @@ class TorchRunner:
         threads = torch.get_num_threads()
         self.step_threads = StepThreads((1, threads)) if self.device.type == "cpu" and threads > 1 else None
         # The vision towers, the prefill and the denoising step compiled by TorchInductor on the first inference
-        # (omni_ros/policy/compiled_stages.py). The step on one torch thread (its loops keep the count they were
-        # generated for; one thread won for every eager precision above); every camera slot and prompt token kept,
-        # so that each observation gives the graphs their shapes.
+        # (omni_ros/policy/compiled_stages.py); every camera slot and prompt token kept, so that each observation
+        # gives the graphs their shapes. A graph keeps the thread count it was compiled for, so the step's is chosen
+        # here, not timed: compiled, a step is a few fused loops around the GEMMs, a few hundred parallel regions,
+        # each of which wakes a sleeping worker under passive waiting. There it runs on one torch thread (a second
+        # made a full-size SmolVLA's ten int8 steps 1.25x as long, the edge pi0's 2.2x); where idle workers spin a
+        # while (brief, active, the runtime's default) on all of them (0.70x and 0.79x under brief;
+        # bench/results/step_threads_compiled*.json).
         self.prefill: CompiledStage | None = None
         self.denoise_step: CompiledStage | None = None
         self.compiled_stages: list[CompiledStage] = []
+        passive = cpu_threads.current().wait_policy == "passive"
         if compile:
             self._compile_stages()
-            self.step_threads = StepThreads((1,)) if threads > 1 else None
+            self.step_threads = StepThreads((1,)) if passive and threads > 1 else None
         # The cameras' images through the vision tower on threads of their own, one torch thread each, where
         # waking sleeping OpenMP workers costs a second torch thread its gain (omni_ros/policy/image_threads.py).
-        passive = cpu_threads.current().wait_policy == "passive"
         on_torch = self.device.type == "cpu" and self.applied.cache is None  # no XNNPACK methods in the linears
         self.image_threads = use_image_threads(self.model, threads) if passive and on_torch else []
 
