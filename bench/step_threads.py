@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import Any
 from common import add_worker_args, cpu_facts, emit
 from xnnpack_glue import _alternate, _observation
 
-from omni_ros.cpu_threads import DEFAULT_WAIT_POLICY, SPIN_COUNT_ENV, WAIT_POLICY_ENV, wait_policy_env
+from omni_ros.cpu_threads import DEFAULT_WAIT_POLICY, set_wait_policy
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,10 +83,7 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
         return 0
-    # The workers inherit it; the report's machine facts read it from here.
-    for name in (WAIT_POLICY_ENV, SPIN_COUNT_ENV):
-        os.environ.pop(name, None)
-    os.environ.update(wait_policy_env(args.wait_policy, {}))
+    set_wait_policy(args.wait_policy)  # the workers inherit it; the report's machine facts read it here
     report: dict[str, Any] = {"benchmark": "step_threads", "threads": args.threads, "rounds": args.rounds}
     report["compiled"], report["omp_wait_policy"] = args.compiled, args.wait_policy
     report["precisions"] = {}

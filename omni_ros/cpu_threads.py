@@ -77,7 +77,7 @@ def apply_defaults() -> None:
     """The default wait policy unless the environment sets one (either variable); a no-op once torch is loaded."""
     if WAIT_POLICY_ENV in os.environ or SPIN_COUNT_ENV in os.environ or torch_imported():
         return
-    _set_wait_policy(DEFAULT_WAIT_POLICY)
+    set_wait_policy(DEFAULT_WAIT_POLICY)
 
 
 def wait_policy_env(policy: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -95,8 +95,8 @@ def wait_policy_env(policy: str, base: Mapping[str, str] | None = None) -> dict[
     return env
 
 
-def _set_wait_policy(policy: str) -> None:
-    """The environment libgomp reads when torch loads."""
+def set_wait_policy(policy: str) -> None:
+    """The environment libgomp reads when torch loads (this process's, and the children it starts after)."""
     wanted = wait_policy_env(policy, {})
     for name in (WAIT_POLICY_ENV, SPIN_COUNT_ENV):
         if name in wanted:
@@ -147,7 +147,7 @@ def configure(policy: Any = None, *, wait_policy: str | None = None, num_threads
                     f"omni_ros before torch)"
                 )
             else:
-                _set_wait_policy(wait_policy)
+                set_wait_policy(wait_policy)
     if num_threads:
         if num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {num_threads}")
