@@ -39,7 +39,9 @@ compilation, comes before the measured window; `--live-compiled` compiles in eve
 ran out plays on from where the robot stopped or skips what fell due while it held), `--live-rtc-method` sets
 `control.rtc.method` (default: the product's, guided; a compiled step serves inpainting only, guided RTC
 differentiating through the eager one). Each live run also records the chunks the node refused, by reason
-(`chunks_not_executed`, from its log), and the states its status reported in the window (`status_states`).
+(`chunks_not_executed`, from its log), the states its status reported in the window (`status_states`), and the
+compiled stages that served some call eager (`stages_run_eager`, from its log: empty, or the run's compiled figures
+are partly the eager stage's).
 
 Offline rows only: `--skip-live`; the live runs only: `--precisions` with no value.
 """
@@ -72,6 +74,8 @@ FOLDER = "smolvla_full"  # what scripts/lerobot_bench.py --policy smolvla writes
 SIM_CONFIG = ROOT / "config" / "sim_so101.yaml"
 WARMUP_CHUNKS = 3
 NOT_EXECUTED = re.compile(r"chunk \d+ not executed: (.*)")  # the policy node's warning for a refused chunk
+# omni_ros/policy/compiled_stages.py's warning when a compiled stage serves a call eager (once per stage).
+EAGER_STAGE = re.compile(r"compiled ([a-z ]+): (?:a call differs|a call would need|compilation failed)")
 
 
 def log(msg: str) -> None:
@@ -315,6 +319,8 @@ def live(
         # the states its status reported: an inference abandoned for stale inputs, or a chunk past its end, is
         # time the robot held that the latency alone does not explain.
         "chunks_not_executed": dict(Counter(re.sub(r"[0-9.]+", "N", m) for m in NOT_EXECUTED.findall(texts[1]))),
+        # The compiled stages that served some call eager (a compiled run's figures are the eager stage's there).
+        "stages_run_eager": sorted(set(EAGER_STAGE.findall(texts[1]))),
         "status_states": dict(Counter(s.state_name for s in statuses if window and stamp(s) >= window[0])),
         "node_status_while_holding": next((s.detail for s in reversed(statuses) if PLAN_EXHAUSTED in s.detail), None),
         # Each chunk as (observation stamp, arrival, seconds of motion) from the first arrival: the raw record the

@@ -82,6 +82,27 @@ def test_float32_compiled_still_matches_lerobot_and_keeps_a_missing_cameras_slot
     assert policy.runner.denoise_step.sealed and len(policy.runner.denoise_step.keys) == 1
 
 
+def test_prompts_of_every_length_run_the_graphs_built_for_the_first(caplog):
+    """SmolVLA pads a prompt only to its batch's longest (LeRobot's rule), so each new task's prompt length was
+    another prefix shape, and a compiled robot ran every later task's prefill and steps eager (found live: the
+    SO-101's episodes change the prompt). Compiled, the prompt is padded (masked) to the tokenizer's max_tokens:
+    every prompt runs the first inference's graphs, with the eager chunk's numbers."""
+    policy = _load("smolvla_3cam", "fp32", compile=True)
+    eager = _load("smolvla_3cam", "fp32", compile=False)
+    base, noise = observation("smolvla_3cam", "all_cameras"), tensors("smolvla_3cam", "all_cameras")["noise"][0]
+    prompts = [base["prompt"], "go", "put the red block into the bowl, then close the top drawer of the cabinet"]
+    lengths = {len(policy.processor.tokenize(p)) for p in prompts}
+    assert len(lengths) == len(prompts), lengths  # three prefix shapes, eager
+    with caplog.at_level(logging.WARNING, logger="omni_ros.policy.compiled_stages"):
+        for prompt in prompts:
+            obs = {**base, "prompt": prompt}
+            out = policy.infer(obs, noise=noise)["actions"]
+            expected = eager.infer(obs, noise=noise)["actions"]
+            np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
+    assert not [r.getMessage() for r in caplog.records if "eager" in r.getMessage()]
+    assert len(policy.runner.prefill.keys) == 1 and len(policy.runner.denoise_step.keys) == 1
+
+
 def test_a_call_of_other_shapes_runs_eager_with_one_warning(caplog):
     """The vision tower sees only the cameras present: with one of three, its input has another shape than the
     graph was built for, and runs eager, with one warning, instead of a recompilation that would stall the robot;

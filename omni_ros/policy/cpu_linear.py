@@ -69,7 +69,11 @@ class PackedLinear(_LaidOutLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             return F.linear(x, self.packed.to_dense(), self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        # Rows in 2-D, as torch's own packing pass hands them: inductor's frozen-graph pass that folds a reshape
+        # before and after a packed linear asserts a 2-D input, and failed (SmolVLA's cross-attention k / v,
+        # compiled float32, fell back to the eager prefill). The same product either way.
+        rows = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
+        return rows.view(*x.shape[:-1], self.out_features)
 
 
 class TransposedLinear(_LaidOutLinear):

@@ -8,7 +8,7 @@ training step all consume it, so no stage signature repeats five loose tensors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -38,6 +38,19 @@ class ModelInputs:
     def select(self, index: int) -> ModelInputs:
         """Batch item `index` alone, as a batch of one."""
         return type(self)(**{f.name: getattr(self, f.name)[index : index + 1] for f in fields(self)})
+
+    def padded_prompt(self, length: int) -> ModelInputs:
+        """The prompt right-padded with masked tokens to `length` (a longer prompt stays as it is): the shape a
+        static program or a compiled graph was built for. Masked tokens change no output (every attention skips
+        them, the positions count only real tokens), only the work."""
+        extra = length - int(self.tokens.shape[1])
+        if extra <= 0:
+            return self
+        return replace(
+            self,
+            tokens=torch.nn.functional.pad(self.tokens, (0, extra)),
+            token_mask=torch.nn.functional.pad(self.token_mask, (0, extra), value=False),
+        )
 
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
         """(images, image_masks, tokens, token_mask, state): the order of the exported `sample` signature."""

@@ -189,6 +189,13 @@ class TorchRunner:
         self.compact = False
         self.backend += " (compiled)"
 
+    def _static(self, inputs: ModelInputs) -> ModelInputs:
+        """Compiled: the prompt padded to the tokenizer's max_tokens, so that every prompt gives the graphs the
+        shapes they were built for. A family that pads to the longest prompt (SmolVLA, as LeRobot does) gave each
+        prompt of another length its own prefix, and those chunks ran the eager prefill and steps."""
+        tokenizer = getattr(getattr(self.model, "cfg", None), "tokenizer", None)
+        return inputs if tokenizer is None else inputs.padded_prompt(tokenizer.max_tokens)
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -220,7 +227,10 @@ class TorchRunner:
 
         with torch.no_grad() if guided else torch.inference_mode():
             clock = StageClock(self._sync)
-            inputs = compact(inputs) if self.compact else inputs
+            if self.compact:
+                inputs = compact(inputs)
+            elif self.compiled_stages:
+                inputs = self._static(inputs)
             prefix, prefix_mask = model.embed_prefix(inputs)
             clock.lap("embed_prefix_ms")
             if self.prefill is not None:

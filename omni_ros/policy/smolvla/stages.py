@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
@@ -115,16 +114,7 @@ def method_module(model: SmolVLAModel, name: str, num_steps: int | None = None) 
 
 def static_prompt(cfg: SmolVLAConfig, inputs: ModelInputs) -> ModelInputs:
     """`inputs` with the prompt right-padded (masked) to max_tokens, the length of the programs' signature."""
-    extra = cfg.tokenizer.max_tokens - inputs.tokens.shape[1]
-    if extra <= 0:
-        return inputs
-    return ModelInputs(
-        inputs.images,
-        inputs.image_masks,
-        F.pad(inputs.tokens, (0, extra)),
-        F.pad(inputs.token_mask, (0, extra), value=False),
-        inputs.state,
-    )
+    return inputs.padded_prompt(cfg.tokenizer.max_tokens)
 
 
 def run_staged(
