@@ -152,6 +152,7 @@ class TorchRunner:
         self.prefill: CompiledStage | None = None
         self.denoise_step: CompiledStage | None = None
         self.compiled_stages: list[CompiledStage] = []
+        self.prompt_length: int | None = None  # compiled: the prompt length every call is padded to
         passive = cpu_threads.current().wait_policy == "passive"
         if compile:
             self._compile_stages()
@@ -187,14 +188,12 @@ class TorchRunner:
         self.denoise_step = CompiledStage(model.denoise_step, "denoising step")
         self.compiled_stages += [self.prefill, self.denoise_step]
         self.compact = False
+        # Every prompt padded (masked) to the tokenizer's max_tokens, so that it gives the graphs the shapes they
+        # were built for: a family that pads to the longest prompt (SmolVLA, as LeRobot does) gave each prompt of
+        # another length its own prefix, and those chunks ran the eager prefill and steps.
+        tokenizer = getattr(getattr(model, "cfg", None), "tokenizer", None)
+        self.prompt_length = None if tokenizer is None else int(tokenizer.max_tokens)
         self.backend += " (compiled)"
-
-    def _static(self, inputs: ModelInputs) -> ModelInputs:
-        """Compiled: the prompt padded to the tokenizer's max_tokens, so that every prompt gives the graphs the
-        shapes they were built for. A family that pads to the longest prompt (SmolVLA, as LeRobot does) gave each
-        prompt of another length its own prefix, and those chunks ran the eager prefill and steps."""
-        tokenizer = getattr(getattr(self.model, "cfg", None), "tokenizer", None)
-        return inputs if tokenizer is None else inputs.padded_prompt(tokenizer.max_tokens)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -229,8 +228,8 @@ class TorchRunner:
             clock = StageClock(self._sync)
             if self.compact:
                 inputs = compact(inputs)
-            elif self.compiled_stages:
-                inputs = self._static(inputs)
+            elif self.prompt_length is not None:
+                inputs = inputs.padded_prompt(self.prompt_length)
             prefix, prefix_mask = model.embed_prefix(inputs)
             clock.lap("embed_prefix_ms")
             if self.prefill is not None:
