@@ -168,6 +168,126 @@ def test_precisions_stay_close_to_fp32(precision, tol):
     assert err < tol, f"{precision}: {err}"
 
 
+def _native_bf16() -> bool:
+    from omni_ros.policy.precision.attention import native_bf16
+
+    return native_bf16()
+
+
+def _mlps(model) -> list:
+    return [m for m in model.modules() if hasattr(type(m), "mlp_kernel")]
+
+
+def test_every_mlp_is_declared_for_the_precisions_mlp_kernels():
+    """DaViT's, BART's and the head's MLPs declare their kernel and linears, so int8 on XNNPACK makes each one
+    method (its specs: every MLP, the activation of each; the method's numbers are test_xnnpack_mlp.py's, and a
+    full-size build takes minutes, bench/xvla.py)."""
+    from omni_ros.policy.precision.xnnpack_mlp import mlp_specs
+
+    model = policy("xvla_3cam").runner.model
+    cfg = model.cfg
+    linears = {name for name, m in model.named_modules() if hasattr(m, "in_features")}
+    specs = mlp_specs(model, linears)
+    assert len(_mlps(model)) == len(specs) == 2 * sum(cfg.vision.depths) + cfg.text.depth + cfg.head.depth
+    activations = {spec.owner.split(".")[0]: spec.activation for spec in specs}
+    assert activations == {"vlm": "gelu", "transformer": "gelu_tanh"}
+
+
+@pytest.mark.skipif(not _native_bf16(), reason="the fused bf16 MLP needs native bf16 (AVX512_BF16 / AMX)")
+def test_bf16_fuses_every_mlp_and_stays_within_its_bound():
+    from omni_ros.policy.precision.fused_mlp import bf16_mlp
+
+    _, data, obs = case("xvla_3cam", "missing_wrist")
+    pol = omni_ros.policy.load(REFERENCE / "xvla_3cam", precision="bf16")
+    mlps = _mlps(pol.runner.model)
+    assert all(m.mlp_kernel is bf16_mlp for m in mlps) and pol.runner.applied.fused_mlps == len(mlps)
+    err = np.abs(pol.infer(obs, noise=data["noise"][0])["actions"] - data["actions"][0]).max()
+    assert err < 0.05, err
+
+
+def test_the_products_see_only_the_rows_the_actions_need():
+    """The padded tiles' pad tokens are not projected (their q / k / v is the qkv layer's answer for one zero
+    row); the head's first block projects the step-invariant tokens once a chunk; its last block runs its
+    projection and MLP on the action tokens alone. The actions are LeRobot's (test_matches_lerobot)."""
+    import torch
+
+    _, data, obs = case("xvla_3cam", "all_domain2")
+    model = policy("xvla_3cam").runner.model
+    seen: list[tuple[str, int, int]] = []  # (what, rows the product got, rows it needed)
+    grids: list[tuple[int, int]] = []
+    hooks = []
+    window = model.cfg.vision.window_size
+    for stage in model.vlm.vision_tower.blocks:
+        for block in stage:
+            attn = block.spatial_block.window_attn
+
+            def grid(_m, args, grids=grids):
+                b, h, w, _ = args[0].shape
+                grids.append((b * h * w, h, w))
+
+            def qkv(_m, args, _out, grids=grids):
+                rows = args[0].shape[:-1].numel()
+                seen.append(("qkv", rows, 1 if rows == 1 else grids[-1][0]))
+
+            def proj(_m, args, _out, grids=grids):
+                seen.append(("proj", args[0].shape[:-1].numel(), grids[-1][0]))
+
+            hooks += [
+                attn.register_forward_pre_hook(grid),
+                attn.qkv.register_forward_hook(qkv),
+                attn.proj.register_forward_hook(proj),
+            ]
+    last, first = model.transformer.blocks[-1], model.transformer.blocks[0]
+    hooks.append(
+        last.mlp.fc1.register_forward_hook(
+            lambda _m, args, _out: seen.append(("head", args[0].shape[:-1].numel(), model.cfg.action_horizon))
+        )
+    )
+    first_rows: list[int] = []
+    hooks.append(first.attn.qkv.register_forward_hook(lambda _m, a, _o: first_rows.append(a[0].shape[1])))
+    try:
+        with torch.inference_mode():
+            pol = policy("xvla_3cam")
+            pol.infer(obs, noise=data["noise"][0])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert any(h % window or w % window for _, h, w in grids), "no padded grid: the test would prove nothing"
+    assert any(what == "qkv" and needed == 1 for what, _, needed in seen)  # the pad tokens' one zero row
+    assert {what for what, _, _ in seen} == {"qkv", "proj", "head"}
+    for what, rows, needed in seen:
+        assert rows == needed, (what, rows, needed)
+    # The first block projects the tokens after the actions once a chunk, then each step's action tokens only.
+    steps, n = policy("xvla_3cam").num_steps, model.cfg.action_horizon
+    assert sorted(first_rows)[:-1] == [n] * steps and first_rows[0] > n
+
+
+@pytest.mark.parametrize(("h", "w"), [(7, 5), (6, 6), (2, 2), (3, 8)])
+def test_window_attention_is_florences_padded_tiles(h, w):
+    """Against Florence-2's formulation written out (zero-pad the normalized grid, project every tile, attend,
+    crop), on grids with full windows, a partial last row and column, a corner, none padded, and one window
+    smaller than a tile: the fixtures' grids pad rows only."""
+    import torch
+    import torch.nn.functional as F
+
+    from omni_ros.policy.xvla.modeling import WindowAttention
+
+    torch.manual_seed(0)
+    s, c, heads = 3, 16, 2
+    attn = WindowAttention(c, heads, s, qkv_bias=True).eval()
+    x = torch.randn(2, h, w, c)
+    with torch.no_grad():
+        got = attn(x)
+        padded = F.pad(x, (0, 0, 0, (s - w % s) % s, 0, (s - h % s) % s))
+        hp, wp = padded.shape[1:3]
+        tiles = padded.view(2, hp // s, s, wp // s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, s * s, c)
+        q, k, v = attn.qkv(tiles).view(-1, s * s, 3, heads, c // heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(-1, s * s, c)
+        out = out.view(2, hp // s, wp // s, s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(2, hp, wp, c)
+        want = attn.proj(out[:, :h, :w].reshape(2, h * w, c))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
 def test_seeded_noise():
     _, _, obs = case("xvla_1cam", "pick_domain1")
     pol = policy("xvla_1cam")

@@ -78,6 +78,10 @@ class HeadConfig:
     max_len_seq: int = 512
     use_hetero_proj: bool = False
 
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ValueError(f"the X-VLA head needs at least one block (depth {self.depth})")
+
 
 @dataclass
 class XVLAConfig(ChunkConfig):

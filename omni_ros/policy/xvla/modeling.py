@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.layers import AttentionKernel, activate, sdpa
+from omni_ros.policy.layers import AttentionKernel, MlpKernel, mlp, sdpa
 from omni_ros.policy.xvla.action_space import build_action_space
 from omni_ros.policy.xvla.configuration import BartConfig, DaViTConfig, HeadConfig, XVLAConfig
 
@@ -37,12 +37,15 @@ def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 class FFN(nn.Module):
+    mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
+    mlp_linears = ("fc1", None, "fc2")  # the MLP's first, up and down linears (precision kernels)
+
     def __init__(self, width: int, hidden: int, activation: str) -> None:
         super().__init__()
         self.fc1, self.fc2, self.activation = nn.Linear(width, hidden), nn.Linear(hidden, width), activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(activate(self.fc1(x), self.activation))
+        return self.mlp_kernel(self.fc1, None, self.fc2, self.activation, x)
 
 
 class ConvEmbed(nn.Module):
@@ -65,9 +68,24 @@ class ConvEmbed(nn.Module):
         return self._norm(self.conv(x))
 
 
+def _window_spans(n: int, s: int) -> list[tuple[slice, int]]:
+    """Along one axis of n tokens in windows of s (the last one padded): (which windows, real tokens in each)."""
+    count = -(-n // s)
+    last = n - (count - 1) * s
+    if last == s:
+        return [(slice(0, count), s)]
+    return ([(slice(0, count - 1), s)] if count > 1 else []) + [(slice(count - 1, count), last)]
+
+
 class WindowAttention(nn.Module):
     """Attention inside window x window tiles; the grid is zero-padded right and bottom AFTER norm1, so the pad
-    tokens carry the qkv bias and are attended to (as in Florence-2)."""
+    tokens carry the qkv bias and are attended to (as in Florence-2).
+
+    Only what the real tokens' outputs need is computed: the projections run on the real tokens (a pad token's
+    q / k / v is whatever the qkv layer makes of a zero row, its bias, computed once), and only the real tokens
+    query (the pad tokens are keys and values; their outputs would be cropped). At 224 px the grids (56, 28, 14,
+    7) pad to (60, 36, 24, 12): on the padded tiles the third stage's qkv, attention and proj, most of the
+    tower, were nearly three times the work."""
 
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
 
@@ -78,15 +96,33 @@ class WindowAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, h, w, C) normalized tokens -> (B, h * w, C)."""
         b, h, w, c = x.shape
-        s = self.window
-        x = F.pad(x, (0, 0, 0, (s - w % s) % s, 0, (s - h % s) % s))
-        hp, wp = x.shape[1:3]
-        tiles = x.view(b, hp // s, s, wp // s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, s * s, c)
-        q, k, v = self.qkv(tiles).view(tiles.shape[0], s * s, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        out = self.proj(self.attention_kernel(q, k, v, None).transpose(1, 2).reshape(-1, s * s, c))
-        out = out.view(b, hp // s, wp // s, s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
-        return out[:, :h, :w].reshape(b, h * w, c)
+        s, heads = self.window, self.heads
+        qkv = self.qkv(x.reshape(b, h * w, c)).view(b, h, w, 3 * c)
+        hp, wp = h + (s - h % s) % s, w + (s - w % s) % s
+        if (hp, wp) != (h, w):
+            # The qkv layer's own answer for a zero row (whatever kernel a precision swapped in), not its bias
+            # read from the weights: the pad tokens are what projecting the zero padding would have made.
+            pad = self.qkv(x.new_zeros(1, 1, c)).view(3 * c)
+            padded = pad.expand(b, hp, wp, 3 * c).clone()
+            padded[:, :h, :w] = qkv
+            qkv = padded
+        tiles = qkv.view(b, hp // s, s, wp // s, s, 3 * c).permute(0, 1, 3, 2, 4, 5)  # (B, ny, nx, s, s, 3C)
+        # Only the real tokens' rows are written; the rest is cropped below, never read.
+        out = x.new_empty(b, hp // s, wp // s, s, s, c)
+        # The windows by how many of their rows and columns are real: the full ones, the last row's, the last
+        # column's, the corner (a call each).
+        for ys, rows in _window_spans(h, s):
+            for xs, cols in _window_spans(w, s):
+                group = tiles[:, ys, xs]
+                ny, nx = group.shape[1:3]
+                k, v = group.reshape(-1, s * s, 3, heads, c // heads)[:, :, 1:].permute(2, 0, 3, 1, 4)
+                q = group[..., :rows, :cols, :c].reshape(-1, rows * cols, heads, c // heads).transpose(1, 2)
+                attended = self.attention_kernel(q, k, v, None).transpose(1, 2)
+                out[:, ys, xs, :rows, :cols] = attended.reshape(b, ny, nx, rows, cols, c)
+        out = out.permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
+        return self.proj(out[:, :h, :w].reshape(b, h * w, c))
 
 
 class ChannelAttention(nn.Module):
@@ -214,6 +250,8 @@ class BartAttention(nn.Module):
 
 class BartLayer(nn.Module):
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
+    mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
+    mlp_linears = ("fc1", None, "fc2")  # the MLP's first, up and down linears (precision kernels)
 
     def __init__(self, cfg: BartConfig) -> None:
         super().__init__()
@@ -229,7 +267,7 @@ class BartLayer(nn.Module):
         q, k, v = (_split_heads(proj(x), self.heads) for proj in (a.q_proj, a.k_proj, a.v_proj))
         attn = self.attention_kernel(q, k, v, None).transpose(1, 2).flatten(2)
         x = self.self_attn_layer_norm(x + a.out_proj(attn))
-        return self.final_layer_norm(x + self.fc2(activate(self.fc1(x), self.activation)))
+        return self.final_layer_norm(x + self.mlp_kernel(self.fc1, None, self.fc2, self.activation, x))
 
 
 class BartEncoder(nn.Module):
@@ -296,10 +334,17 @@ class HeadBlock(nn.Module):
         self.attn = HeadAttention(w)
         self.mlp = FFN(w, int(w * cfg.mlp_ratio), "gelu_tanh")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rows: int | None = None, qkv: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output for every token, or for the first `rows` only (their keys and values still come
+        from every token): the head reads its last block's action tokens alone. `qkv`, if given, is
+        `attn.qkv(norm1(x))` already computed (the first block's, partly reused across steps)."""
         b, n, w = x.shape
-        q, k, v = self.attn.qkv(self.norm1(x)).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        x = x + self.attn.proj(self.attention_kernel(q, k, v, None).transpose(1, 2).reshape(b, n, w))
+        qkv = self.attn.qkv(self.norm1(x)) if qkv is None else qkv
+        q, k, v = qkv.view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        if rows is not None:
+            q, x = q[:, :, :rows], x[:, :rows]
+        attended = self.attention_kernel(q, k, v, None).transpose(1, 2).reshape(b, x.shape[1], w)
+        x = x + self.attn.proj(attended)
         return x + self.mlp(self.norm2(x))
 
 
@@ -310,6 +355,13 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 100.0) -> 
     args = t[:, None] * freqs[None]
     emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
     return torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1) if dim % 2 else emb
+
+
+class HeadContext(NamedTuple):
+    """The part of the head's sequence a chunk's steps share (`SoftPromptedTransformer.prepare`)."""
+
+    tokens: torch.Tensor  # (B, M, width): VLM and aux tokens with their positions, then the soft prompts
+    qkv: torch.Tensor  # (B, M, 3 * width): the first block's q / k / v of them
 
 
 class SoftPromptedTransformer(nn.Module):
@@ -339,21 +391,42 @@ class SoftPromptedTransformer(nn.Module):
             return torch.cat([self.vlm_proj(vlm, domain), self.aux_visual_proj(aux, domain)], dim=1)
         return torch.cat([self.vlm_proj(vlm), self.aux_visual_proj(aux)], dim=1)
 
-    def forward(
-        self, context: torch.Tensor, domain: torch.Tensor, x_t: torch.Tensor, proprio: torch.Tensor, t: torch.Tensor
+    def prepare(self, context: torch.Tensor, domain: torch.Tensor, actions: int) -> HeadContext:
+        """What every step of a chunk shares (once per chunk): the tokens after the `actions` action tokens,
+        their positions added, then the domain's soft prompts (no positions); and the first block's q / k / v of
+        them, which no step changes (the blocks after it see them mixed with the actions)."""
+        b, m = context.shape[:2]
+        if actions + m > self.pos_emb.shape[1]:
+            raise ValueError(f"sequence of {actions + m} tokens exceeds max_len_seq {self.pos_emb.shape[1]}")
+        tokens = context + self.pos_emb[:, actions : actions + m]
+        if self.cfg.len_soft_prompts > 0:
+            tokens = torch.cat([tokens, self.soft_prompt_hub(domain).view(b, self.cfg.len_soft_prompts, -1)], dim=1)
+        first = cast(HeadBlock, self.blocks[0])
+        return HeadContext(tokens, first.attn.qkv(first.norm1(tokens)))
+
+    def step(
+        self, head: HeadContext, domain: torch.Tensor, x_t: torch.Tensor, proprio: torch.Tensor, t: torch.Tensor
     ) -> torch.Tensor:
+        """The clean action estimate (B, H, model_dim_action) for x_t at flow time t."""
         b, n = x_t.shape[:2]
         time = timestep_embedding(t, self.cfg.dim_time)[:, None].expand(b, n, -1)
         tokens = torch.cat([x_t, proprio[:, None].expand(b, n, -1), time], dim=-1)
-        x = torch.cat([self.action_encoder(tokens, domain), context], dim=1)
-        if x.shape[1] > self.pos_emb.shape[1]:
-            raise ValueError(f"sequence of {x.shape[1]} tokens exceeds max_len_seq {self.pos_emb.shape[1]}")
-        x = x + self.pos_emb[:, : x.shape[1]]
-        if self.cfg.len_soft_prompts > 0:
-            x = torch.cat([x, self.soft_prompt_hub(domain).view(b, self.cfg.len_soft_prompts, -1)], dim=1)
-        for block in self.blocks:
-            x = block(x)
-        return self.action_decoder(self.norm(x[:, :n]), domain)
+        actions = self.action_encoder(tokens, domain) + self.pos_emb[:, :n]
+        first = cast(HeadBlock, self.blocks[0])
+        qkv = torch.cat([first.attn.qkv(first.norm1(actions)), head.qkv], dim=1)
+        x = torch.cat([actions, head.tokens], dim=1)
+        # Only the action tokens leave the head: the last block's attention output, projection and MLP run on
+        # them alone (the other ~200 tokens of a two-camera sequence are ~3% of a step's products).
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            x = block(x, rows=n if i == last else None, qkv=qkv if i == 0 else None)
+        return self.action_decoder(self.norm(x), domain)
+
+    def forward(
+        self, context: torch.Tensor, domain: torch.Tensor, x_t: torch.Tensor, proprio: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor:
+        """One step from the projected context (`project`): `step(prepare(...))`, as an exported step runs it."""
+        return self.step(self.prepare(context, domain, x_t.shape[1]), domain, x_t, proprio, t)
 
 
 class XVLAModel(nn.Module):
@@ -407,9 +480,11 @@ class XVLAModel(nn.Module):
         `estimate(clean, x_t, t)`, if given, makes each step's clean estimate from the network `clean(x_t, t)`
         (real-time chunking: guided or inpainted, omni_ros.policy.rtc); the re-noising stays as it is."""
 
+        head = self.transformer.prepare(context, domain, noise.shape[1])
+
         def clean(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             p, x = self.action_space.preprocess(proprio, x_t)
-            return self.transformer(context, domain, x, p, t)
+            return self.transformer.step(head, domain, x, p, t)
 
         action = torch.zeros_like(noise)
         steps = max(1, int(num_steps))
