@@ -34,7 +34,7 @@ from omni_ros.policy.methods import MethodSignature, RunMethod, SampleFn, Stage,
 from omni_ros.policy.pipeline import StageClock
 from omni_ros.policy.xvla.action_space import build_action_space
 from omni_ros.policy.xvla.configuration import XVLAConfig
-from omni_ros.policy.xvla.modeling import XVLAModel
+from omni_ros.policy.xvla.modeling import HeadContext, XVLAModel
 
 METHODS = ("encode", "denoise_step", "sample")
 STAGED = ("encode", "denoise_step")
@@ -137,10 +137,14 @@ def denoise_step(
     state: torch.Tensor,
     x_t: torch.Tensor,
     t: torch.Tensor,
+    head: HeadContext | None = None,
 ) -> torch.Tensor:
-    """One network call of `XVLAModel.denoise`: the action space's preprocess, then the head's clean estimate."""
+    """One network call of `XVLAModel.denoise`: the action space's preprocess, then the head's clean estimate.
+    `head` is the chunk's `prepare`d context where a loop holds it (the fused program); the staged method gets
+    the context alone and prepares it each call."""
     proprio, x = model.action_space.preprocess(model.proprio(state), x_t)
-    return model.transformer(context, domain, x, proprio, t)
+    head = model.transformer.prepare(context, domain, x_t.shape[1]) if head is None else head
+    return model.transformer.step(head, domain, x, proprio, t)
 
 
 def clean_loop(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], noise: torch.Tensor, num_steps: int):
@@ -160,7 +164,8 @@ def _sample(model: XVLAModel, steps: int, images, image_masks, tokens, state, do
     """The fused loop. Each step pads the state itself, as `denoise_step` does (one padded proprio read by every
     step's gripper zeroing is a pass-through XNNPACK refuses to lower); the same arithmetic as eager's."""
     context = encode(model, images, image_masks, tokens, domain)
-    clean = clean_loop(lambda x_t, t: denoise_step(model, context, domain, state, x_t, t), noise, steps)
+    head = model.transformer.prepare(context, domain, noise.shape[1])
+    clean = clean_loop(lambda x_t, t: denoise_step(model, context, domain, state, x_t, t, head), noise, steps)
     return model.action_space.postprocess(clean)
 
 
