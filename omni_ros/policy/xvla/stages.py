@@ -137,13 +137,17 @@ def denoise_step(
     state: torch.Tensor,
     x_t: torch.Tensor,
     t: torch.Tensor,
-    head: HeadContext | None = None,
 ) -> torch.Tensor:
-    """One network call of `XVLAModel.denoise`: the action space's preprocess, then the head's clean estimate.
-    `head` is the chunk's `prepare`d context where a loop holds it (the fused program); the staged method gets
-    the context alone and prepares it each call."""
+    """One network call of `XVLAModel.denoise` (the staged method): handed the context alone, it prepares the
+    head's step-invariant part at each call."""
+    return _clean(model, model.transformer.prepare(context, domain, x_t.shape[1]), domain, state, x_t, t)
+
+
+def _clean(
+    model: XVLAModel, head: HeadContext, domain: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
+) -> torch.Tensor:
+    """The action space's preprocess, then the head's clean estimate from the chunk's prepared context."""
     proprio, x = model.action_space.preprocess(model.proprio(state), x_t)
-    head = model.transformer.prepare(context, domain, x_t.shape[1]) if head is None else head
     return model.transformer.step(head, domain, x, proprio, t)
 
 
@@ -165,7 +169,7 @@ def _sample(model: XVLAModel, steps: int, images, image_masks, tokens, state, do
     step's gripper zeroing is a pass-through XNNPACK refuses to lower); the same arithmetic as eager's."""
     context = encode(model, images, image_masks, tokens, domain)
     head = model.transformer.prepare(context, domain, noise.shape[1])
-    clean = clean_loop(lambda x_t, t: denoise_step(model, context, domain, state, x_t, t, head), noise, steps)
+    clean = clean_loop(lambda x_t, t: _clean(model, head, domain, state, x_t, t), noise, steps)
     return model.action_space.postprocess(clean)
 
 
