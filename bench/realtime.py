@@ -4,6 +4,7 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
     .venv/bin/python bench/realtime.py [--checkpoint DIR] [--precisions fp32 bf16 int8] [--threads 1 2]
         [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--live-wait-policies passive brief]
         [--live-executors events single] [--compiled bf16 int8] [--live-compile off on] [--live-compiled]
+        [--int8-kernel auto|onednn|xnnpack|program]
         [--live-resume off on] [--live-rtc-method inpaint]
         [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
@@ -95,7 +96,13 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import omni_ros.policy
 
     start = time.perf_counter()
-    policy = omni_ros.policy.load(args.checkpoint, precision=args.precision, cpu_linear="packed", compile=args.compile)
+    policy = omni_ros.policy.load(
+        args.checkpoint,
+        precision=args.precision,
+        cpu_linear="packed",
+        compile=args.compile,
+        int8_kernel=args.int8_kernel,
+    )
     load_s = time.perf_counter() - start
     obs = observation(policy.metadata)
     # A robot runs chunk after chunk: warm up until the runner has settled its choices (the denoising steps'
@@ -122,6 +129,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 def run_worker(args: argparse.Namespace, precision: str, threads: int, compiled: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--checkpoint", str(args.checkpoint), "--precision", precision]
     cmd += ["--threads", str(threads), "--runs", str(args.runs)] + (["--compile"] if compiled else [])
+    cmd += ["--int8-kernel", args.int8_kernel]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"worker {precision} x {threads} failed:\n{proc.stderr[-3000:]}")
@@ -205,6 +213,7 @@ def live(
     sim_cameras = data["sim"]["cameras"]
     data["policy"] = {"checkpoint": str(Path(args.checkpoint).resolve()), "num_threads": 0}
     data["policy"]["precision"] = args.live_precision
+    data["policy"]["int8_kernel"] = args.int8_kernel
     if wait_policy is not None:
         data["policy"]["omp_wait_policy"] = wait_policy
     # The actions play at the rate the offline rows compare against (a LeRobot checkpoint records none).
@@ -390,6 +399,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--live-rtc-method", choices=["guided", "inpaint"], help="control.rtc.method of the live run (default guided)"
+    )
+    parser.add_argument(
+        "--int8-kernel",
+        default="auto",
+        help="policy.int8_kernel of every int8 row and the live run (default auto; program: the stages exported "
+        "whole on the first load, so use --live-rtc-method inpaint)",
     )
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-live", action="store_true")

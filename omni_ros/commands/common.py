@@ -43,7 +43,7 @@ def add_config_args(parser: argparse.ArgumentParser, sim: bool = True, policy: b
 
 # The choices are spelled here, not imported: the CLI parses its arguments before it imports torch.
 PRECISION_CHOICES = ("auto", "fp32", "bf16", "int8")
-INT8_KERNEL_CHOICES = ("auto", "onednn", "xnnpack")
+INT8_KERNEL_CHOICES = ("auto", "onednn", "xnnpack", "program")
 
 
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +57,9 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--int8-kernel",
         choices=INT8_KERNEL_CHOICES,
-        help="the int8 GEMM kernel (overrides policy.int8_kernel): auto, onednn (torch) or xnnpack (ExecuTorch's, "
-        "built on first load and cached)",
+        help="the int8 GEMM kernel (overrides policy.int8_kernel): auto, onednn (torch), xnnpack (ExecuTorch's per "
+        "linear, built on first load and cached) or program (the checkpoint's stages exported whole to one XNNPACK "
+        "int8 program on first load and cached)",
     )
     parser.add_argument(
         "--compile",

@@ -73,9 +73,12 @@ def load(
     elif checkpoint.layout != "omni_ros":
         _warn_unknown_rate(checkpoint)
     choice = choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
+    label = name or Path(path).name
+    if choice.kernel == "program":
+        program = {"cache_dir": cache_dir, "label": label, "seed": seed, "num_steps": num_steps, "domain_id": domain_id}
+        return _load_program(path, checkpoint, choice, tokenizer, compile, action_dt, program)
     model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
     processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
-    label = name or Path(path).name
     options: dict[str, Any] = {"cpu_linear": cpu_linear, "precision": choice, "cache_dir": cache_dir, "label": label}
     options["compile"] = compile
     if family.build_runner is not None:  # a family with its own loop (pi0-FAST's token decoder)
@@ -84,6 +87,40 @@ def load(
         runner = TorchRunner(model, device, dtype, **options)
     steps = num_steps or checkpoint.config.num_steps
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=label)
+
+
+def _load_program(
+    path: str | Path,
+    checkpoint: Any,
+    choice: Any,
+    tokenizer: Any,
+    compile: bool,
+    action_dt: float | None,
+    options: dict[str, Any],
+) -> InferencePipeline:
+    """`policy.int8_kernel: program`: the checkpoint's stages exported whole, cached (precision/stage_program.py)."""
+    import torch
+
+    from omni_ros import cpu_features
+    from omni_ros.policy.precision.stage_program import load_program_policy
+
+    if compile:
+        raise CheckpointError(
+            "policy.int8_kernel program runs an exported program, which policy.compile cannot compile; set one of them"
+        )
+    if tokenizer is not None:
+        raise CheckpointError(
+            "policy.int8_kernel program exports the checkpoint folder as it is; a policy.tokenizer beside it is not "
+            "exported: put the tokenizer in the folder, or set policy.int8_kernel auto"
+        )
+    policy = load_program_policy(
+        Path(path), checkpoint, choice, cpu=cpu_features.detect(), num_threads=torch.get_num_threads(), **options
+    )
+    if action_dt is not None:
+        from dataclasses import replace
+
+        policy.metadata = replace(policy.metadata, action_dt=float(action_dt))
+    return policy
 
 
 def _warn_unknown_rate(checkpoint: Any) -> None:
@@ -138,6 +175,11 @@ def from_model(
     `load`): not for a model that goes on training."""
     cfg: Any = model.cfg
     choice = choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
+    if choice.kernel == "program":
+        raise CheckpointError(
+            "policy.int8_kernel program exports a checkpoint folder's stages; a preset or a model in memory has no "
+            "folder: load a checkpoint, or set policy.int8_kernel auto"
+        )
     fam = families.get(family)
     processor = fam.build_processor(cfg, norm_stats, tokenizer)
     label = name or cfg.name

@@ -29,7 +29,7 @@ from omni_ros.errors import OmniRosError
 logger = logging.getLogger("omni_ros.policy")
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
-INT8_KERNELS = ("auto", "onednn", "xnnpack")
+INT8_KERNELS = ("auto", "onednn", "xnnpack", "program")
 # Warnings already given in this process: one per (precision, missing feature), not one per load.
 _warned: set[tuple[str, str]] = set()
 
@@ -44,7 +44,7 @@ class PrecisionChoice:
 
     precision: str  # fp32 | bf16 | int8
     reason: str  # the CPU feature (or setting) that decided it: "avx512_vnni", "policy.precision int8", ...
-    kernel: str = ""  # int8: onednn | xnnpack; empty where the precision has one kernel
+    kernel: str = ""  # int8: onednn | xnnpack | program; empty where the precision has one kernel
     native: bool = True  # False: the CPU lacks the instructions; the numbers are right, the speed is not
 
     def describe(self) -> str:

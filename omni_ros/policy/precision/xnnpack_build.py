@@ -54,28 +54,36 @@ def build_in_subprocess(
     plan = {"linears": list(linears), "grouping": grouping, "mlps": [dataclasses.asdict(m) for m in mlps]}
     (folder / PLAN).write_text(json.dumps(plan), encoding="utf-8")
     command = [sys.executable, "-m", "omni_ros.policy.precision.xnnpack_build", str(folder)]
-    tail: collections.deque[str] = collections.deque(maxlen=20)
     try:
-        with subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-        ) as child:
-            try:
-                assert child.stdout is not None
-                for line in child.stdout:  # the child's progress, in this process's log
-                    tail.append(line.rstrip())
-                    if line.startswith("[omni_ros"):
-                        logger.info("%s", line.rstrip().split("] ", 1)[-1])
-                code = child.wait()
-            except BaseException:
-                child.kill()  # an interrupted load leaves no lowering behind
-                raise
-        if code != 0 or not (folder / RESULT).is_file():
-            lines = "\n".join(tail)
-            raise KernelBuildError(f"building the int8 XNNPACK kernels failed (exit {code}):\n{lines}")
+        run_child(command, "building the int8 XNNPACK kernels")
+        if not (folder / RESULT).is_file():
+            raise KernelBuildError(f"building the int8 XNNPACK kernels wrote no {RESULT}")
         return json.loads((folder / RESULT).read_text(encoding="utf-8"))
     finally:
         for name in (INPUTS, PLAN, RESULT):
             (folder / name).unlink(missing_ok=True)
+
+
+def run_child(command: list[str], what: str, progress: str = "[omni_ros") -> None:
+    """Run a build `command` in a child process: its lines starting with `progress` reach this process's log, a
+    failure is a KernelBuildError with the end of its output, and an interrupted parent stops the child."""
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as child:
+        try:
+            assert child.stdout is not None
+            for line in child.stdout:
+                tail.append(line.rstrip())
+                if line.startswith(progress):
+                    logger.info("%s", line.rstrip().split("] ", 1)[-1])
+            code = child.wait()
+        except BaseException:
+            child.kill()  # an interrupted load leaves no lowering behind
+            raise
+    if code != 0:
+        lines = "\n".join(tail)
+        raise KernelBuildError(f"{what} failed (exit {code}):\n{lines}")
 
 
 def _linears(folder: Path, names: list[str]) -> dict[str, nn.Linear]:

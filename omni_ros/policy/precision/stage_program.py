@@ -1,0 +1,136 @@
+"""`policy.int8_kernel: program`: the policy's stages as one XNNPACK int8 program, built on first load and cached.
+
+The `xnnpack` kernel hands each int8 linear (or MLP) to an XNNPACK method and keeps attention, norms and glue in
+torch: a step's hundreds of hand-offs between torch and XNNPACK's pools, each on its own threads. Exporting the
+stages whole (vision, prefill, denoising step: `omni-ros export --quantize int8-dynamic`, the same int8 recipe)
+puts the attention and glue inside XNNPACK's graph too, on one pool; on the AMD EPYC with VNNI (2 vCPUs) the edge
+pi0's chunk took 158 ms that way at 2 threads and 261 at one (0.20x / 0.30x LeRobot's time in that run,
+bench/results/vs_lerobot_program_vnni.json), against 268 / 290 ms with the per-linear methods (another run,
+vs_lerobot_vnni.json). So this kernel runs exactly what `omni-ros export` makes,
+without the user running it:
+
+    <cache_dir>/kernels/<label>-stages-<checkpoint hash>-<cpu hash>/stages.pte + its sidecar + manifest.json
+
+The cache key is the checkpoint folder's files (every file's sha256: weights, config, normalization stats,
+tokenizer), the methods, the recipe and the tool versions, and the CPU (kernel_cache.py): a changed checkpoint
+or another CPU builds anew, a corrupt file is rebuilt with a warning. The export runs in a child process (the
+lowering leaves the serving process slower and larger: xnnpack_build.py), its progress in this log.
+
+Opt-in, not `auto`'s (yet): the first load exports the whole model (about 50 s for a tiny fixture, 139 s for the
+edge pi0 on that CPU, longer for a full-size model), the exported step has no autograd (real-time chunking by
+inpainting only, as for every exported program), and pi0-FAST and X-VLA do not export to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+from omni_ros.cpu_features import CpuFeatures
+from omni_ros.file_hash import file_sha256
+from omni_ros.policy.precision.choice import PrecisionChoice, PrecisionError
+from omni_ros.policy.precision.kernel_cache import CacheEntry, cache_root
+
+logger = logging.getLogger("omni_ros.policy")
+PROGRAM = "stages.pte"
+RECIPE = "int8-dynamic"
+# The families whose stages export to an int8 program (tested on the committed LeRobot fixtures).
+PROGRAM_FAMILIES = {"pi0": "pi0 / pi0.5", "smolvla": "SmolVLA"}
+
+
+def checkpoint_hash(folder: Path, extra: dict[str, Any]) -> str:
+    """sha256 of every file under `folder` (relative name and content) and of `extra` (build settings)."""
+    digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode())
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(folder).as_posix()}|{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def program_entry(
+    checkpoint: Path, methods: tuple[str, ...], *, cache_dir: str | None, label: str, cpu: CpuFeatures
+) -> CacheEntry:
+    """The cache folder of `checkpoint`'s stage program on this CPU."""
+    from omni_ros.policy.precision.xnnpack_linears import _versions
+
+    extra = {"recipe": RECIPE, "methods": list(methods), "versions": _versions()}
+    return CacheEntry(cache_root(cache_dir), f"{label}-stages", checkpoint_hash(checkpoint, extra), cpu)
+
+
+def stage_program(
+    checkpoint: Path, methods: tuple[str, ...], *, cache_dir: str | None, label: str, cpu: CpuFeatures
+) -> Path:
+    """The path of `checkpoint`'s cached stage program, exported first where there is none (or a corrupt one)."""
+    from omni_ros.policy.precision.xnnpack_build import KernelBuildError, run_child
+
+    entry = program_entry(checkpoint, methods, cache_dir=cache_dir, label=label, cpu=cpu)
+    if entry.load() is None:
+        logger.info(
+            "int8 program: exporting %s (%s) to %s; later loads read it", checkpoint, ", ".join(methods), entry.folder
+        )
+
+        def write(tmp: Path) -> dict[str, Any]:
+            start = time.perf_counter()
+            module = "omni_ros.policy.precision.stage_program"
+            run_child(
+                [sys.executable, "-m", module, str(checkpoint), str(tmp / PROGRAM), *methods],
+                "exporting the int8 program",
+            )
+            if not (tmp / PROGRAM).is_file():
+                raise KernelBuildError(f"exporting {checkpoint} wrote no {PROGRAM}")
+            return {"recipe": RECIPE, "methods": list(methods), "build_seconds": round(time.perf_counter() - start, 1)}
+
+        manifest = entry.build(write)
+        logger.info("int8 program: built in %.0f s", manifest["build_seconds"])
+    return entry.folder / PROGRAM
+
+
+def load_program_policy(path: Path, checkpoint: Any, choice: PrecisionChoice, **options: Any) -> Any:
+    """`omni_ros.policy.load`'s pipeline for int8_kernel program: the cached program on the ExecuTorch runner.
+
+    `options`: cache_dir, label, cpu, num_threads, seed, num_steps, domain_id (load's)."""
+    from omni_ros.backends.executorch_runner import load_pte
+    from omni_ros.policy.families import stage_plan
+
+    plan = stage_plan(checkpoint.config)
+    if plan.family not in PROGRAM_FAMILIES:
+        # pi0-FAST decodes tokens in a loop of its own; X-VLA's int8 export fails in torchao's quantization of its
+        # convolutions: refused here, not after minutes of exporting.
+        raise PrecisionError(
+            f"policy.int8_kernel program: a {plan.family} checkpoint cannot be exported to an int8 program (done for "
+            f"{', '.join(PROGRAM_FAMILIES.values())}); set policy.int8_kernel auto (its int8 linears run per layer)"
+        )
+    pte = stage_program(
+        Path(path), plan.staged, cache_dir=options["cache_dir"], label=options["label"], cpu=options["cpu"]
+    )
+    policy = load_pte(
+        pte,
+        seed=options["seed"],
+        num_steps=options["num_steps"],
+        mode="staged",
+        num_threads=options["num_threads"],
+        name=options["label"],
+        domain_id=options["domain_id"],
+    )
+    cast(Any, policy.runner).precision = choice.describe()  # what status, metadata and info say: kernel, why
+    policy.metadata = replace(policy.metadata, precision=choice.describe())
+    return policy
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: export CHECKPOINT's METHODS, int8-dynamic for XNNPACK, to OUT."""
+    from omni_ros.export.exporter import export_checkpoint
+
+    checkpoint, out, *methods = argv if argv is not None else sys.argv[1:]
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stderr)
+    export_checkpoint(checkpoint, out, target="xnnpack", quantize=RECIPE, methods=tuple(methods))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
