@@ -75,9 +75,11 @@ def test_the_program_serves_every_case_within_the_int8_bound(program):
         assert 1e-5 < _rel(out, fp32) < INT8_BOUND, (case, _rel(out, fp32))
 
 
-def test_a_second_load_reads_the_cache(program, cache, no_export):
-    again = omni_ros.policy.load(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(cache))
+def test_a_second_load_reads_the_cache(program, cache, no_export, caplog):
+    with caplog.at_level(logging.WARNING, "omni_ros.policy"):
+        again = omni_ros.policy.load(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(cache))
     assert no_export == []
+    assert "holds Python's GIL while a stage runs" in caplog.text  # said at every load: not for the node's process
     case = next(iter(MANIFEST["fixtures"][FIXTURE]["cases"]))
     data, obs = tensors(FIXTURE, case), observation(FIXTURE, case)
     np.testing.assert_array_equal(

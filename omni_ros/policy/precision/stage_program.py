@@ -16,9 +16,13 @@ tokenizer), the methods, the recipe and the tool versions, and the CPU (kernel_c
 or another CPU builds anew, a corrupt file is rebuilt with a warning. The export runs in a child process (the
 lowering leaves the serving process slower and larger: xnnpack_build.py), its progress in this log.
 
-Opt-in, not `auto`'s (yet): the first load exports the whole model (about 50 s for a tiny fixture, 139 s for the
-edge pi0 on that CPU, longer for a full-size model), the exported step has no autograd (real-time chunking by
-inpainting only, as for every exported program), and pi0-FAST and X-VLA do not export to it.
+Opt-in, not `auto`'s: the first load exports the whole model (about 50 s for a tiny fixture, 139 s for the edge
+pi0 on that CPU, about 5 minutes for a full-size SmolVLA), the exported step has no autograd (real-time chunking
+by inpainting only, as for every exported program), pi0-FAST and X-VLA do not export to it, and ExecuTorch's
+Python binding holds the GIL while a method runs: in the policy node's own process the control loop waits for
+each stage (live, the full-size SmolVLA's node sent 20 commands a second at its 50 Hz control rate,
+bench/results/realtime_program_vnni.json), so there it belongs in a process of its own (`omni-ros serve`; that
+arrangement is not measured yet).
 """
 
 from __future__ import annotations
@@ -116,6 +120,12 @@ def load_program_policy(path: Path, checkpoint: Any, choice: PrecisionChoice, **
         num_threads=options["num_threads"],
         name=options["label"],
         domain_id=options["domain_id"],
+    )
+    # Measured live (bench/results/realtime_program_vnni.json): the node's 50 Hz loop fell to 20 commands/s.
+    logger.warning(
+        "policy.int8_kernel program: ExecuTorch holds Python's GIL while a stage runs (a full-size SmolVLA camera's "
+        "vision: about half a second), so a control loop in this process pauses meanwhile; for the policy node, "
+        "serve the program from a process of its own (omni-ros serve, and policy.backend: remote in the node)"
     )
     cast(Any, policy.runner).precision = choice.describe()  # what status, metadata and info say: kernel, why
     policy.metadata = replace(policy.metadata, precision=choice.describe())
