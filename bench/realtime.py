@@ -4,7 +4,7 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
     .venv/bin/python bench/realtime.py [--checkpoint DIR] [--precisions fp32 bf16 int8] [--threads 1 2]
         [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--live-wait-policies passive brief]
         [--live-executors events single] [--compiled bf16 int8] [--live-compile off on] [--live-compiled]
-        [--int8-kernel auto|onednn|xnnpack|program]
+        [--int8-kernel auto|onednn|xnnpack|program] [--live-serve]
         [--live-resume off on] [--live-rtc-method inpaint]
         [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
@@ -43,6 +43,12 @@ differentiating through the eager one). Each live run also records the chunks th
 (`chunks_not_executed`, from its log), the states its status reported in the window (`status_states`), and the
 compiled stages that served some call eager (`stages_run_eager`, from its log: empty, or the run's compiled figures
 are partly the eager stage's).
+
+`--int8-kernel` sets `policy.int8_kernel` for every row and the live run (`program`: the stages exported whole,
+which serves inpainting RTC only). `--live-serve` runs the live policy in `omni-ros serve` on 127.0.0.1 (its own
+process, the same config's policy section, keymap canonical) and the node as its remote client, the server's
+cores reported beside the node's (`cores_busy`); an exported program holds Python's GIL while a stage runs, which
+in the node's own process stalls its control loop.
 
 Offline rows only: `--skip-live`; the live runs only: `--precisions` with no value.
 """
@@ -188,6 +194,30 @@ def motion_in_window(reports: list[tuple[float, dict[str, str]]], start: float) 
     return {k: round(float(after[-1][k]) - float(base[k]), 2) for k in MOTION_KEYS}
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    """Until the server accepts connections on 127.0.0.1:port (it loads the policy first)."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"omni-ros serve exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(1.0)
+    raise RuntimeError(f"omni-ros serve did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
 def live(
     args: argparse.Namespace,
     wait_policy: str | None = None,
@@ -230,16 +260,38 @@ def live(
     ]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "realtime_so101.yaml"
+        cli = [sys.executable, "-m", "omni_ros.cli"]
+        names = ["sim", "policy"]
+        serve: list[str] = []
+        if args.live_serve:
+            # The policy in `omni-ros serve` (this very config's policy section), the node a remote client of it
+            # on 127.0.0.1: the policy's process then runs no control loop.
+            served = Path(tmp) / "serve.yaml"
+            served.write_text(yaml.safe_dump(data))
+            port = free_port()
+            serve = [*cli, "serve", "--config", str(served), "--host", "127.0.0.1", "--port", str(port)]
+            serve += ["--keymap", "canonical"]  # our own keys both ways: the cameras by the checkpoint's names
+            url = f"ws://127.0.0.1:{port}"
+            remote = {"url": url, "deadline_s": 10.0}
+            data["policy"] = {"backend": "remote", "remote": remote, "action_dt": data["policy"]["action_dt"]}
+            names.append("server")
         path.write_text(yaml.safe_dump(data))
         config = load_config(path)  # checked here, before anything starts
-        cli = [sys.executable, "-m", "omni_ros.cli"]
         cmds = [[*cli, "node", "sim", "--config", str(path)], [*cli, "node", "policy", "--config", str(path), "--sim"]]
-        logs = [open(Path(tmp) / f"{i}.log", "w") for i in range(2)]  # noqa: SIM115 (closed below)
+        logs = [open(Path(tmp) / f"{i}.log", "w") for i in range(len(names))]  # noqa: SIM115 (closed below)
         env = {**os.environ, **({"OMNI_ROS_EXECUTOR": executor} if executor else {})}
+        procs = []
+        if serve:
+            procs.append(subprocess.Popen(serve, cwd=ROOT, stdout=logs[2], stderr=subprocess.STDOUT, env=env))
+            try:
+                wait_for_port(port, procs[0], 900.0)  # the first load may export the program
+            except RuntimeError as exc:
+                logs[2].flush()
+                raise RuntimeError(f"{exc}:\n{(Path(tmp) / '2.log').read_text()[-3000:]}") from exc
         procs = [
             subprocess.Popen(c, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
-            for c, f in zip(cmds, logs, strict=True)
-        ]
+            for c, f in zip(cmds, logs, strict=False)
+        ] + procs
         context, node, now, stamp = ros_listener("bench_realtime_listener")
         chunks: list[tuple[float, float, float]] = []
         latencies: list[float] = []
@@ -290,13 +342,13 @@ def live(
             # Cores each process kept busy while recording: what the policy had, with the simulator beside it.
             cpu_share = {
                 name: round((cpu_seconds(p.pid) - before) / args.live_seconds, 2)
-                for name, p, before in zip(("sim", "policy"), procs, cpu_before, strict=True)
+                for name, p, before in zip(names, procs, cpu_before, strict=True)
             }
         finally:
             stop(spinner, node, context, procs)
             for f in logs:
                 f.close()
-        texts = [(Path(tmp) / f"{i}.log").read_text() for i in range(2)]
+        texts = [(Path(tmp) / f"{i}.log").read_text() for i in range(len(names))]
     tail = [t[-1500:] for t in texts]
     commands = [t for t, _ in positions]
     intervals = np.diff(commands) if len(commands) > 1 else np.array([args.live_seconds])
@@ -308,6 +360,7 @@ def live(
         "compiled": compile == "on",
         "resume_where_held": resume == "on",
         "rtc_method": config.control.rtc.method,
+        "policy_process": "omni-ros serve (the node its remote client)" if args.live_serve else "the policy node",
         "commands_per_s": round(len(commands) / args.live_seconds, 2),
         "control_rate_hz": config.robot.control_rate_hz,
         "longest_command_gap_s": round(float(intervals.max()), 3),
@@ -405,6 +458,12 @@ def main() -> int:
         default="auto",
         help="policy.int8_kernel of every int8 row and the live run (default auto; program: the stages exported "
         "whole on the first load, so use --live-rtc-method inpaint)",
+    )
+    parser.add_argument(
+        "--live-serve",
+        action="store_true",
+        help="the live run's policy in `omni-ros serve` on 127.0.0.1, the node its remote client (policy.backend: "
+        "remote): the policy's process then runs no control loop",
     )
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-live", action="store_true")

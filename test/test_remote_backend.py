@@ -54,6 +54,8 @@ def test_remote_backend_from_yaml_gives_the_upstream_actions(upstream, tmp_path)
     remote = load_policy(config.policy, camera_names=DROID.camera_names, state_dim=DROID.state_dim)
     try:
         assert remote.metadata.backend == "remote" and remote.metadata.noise_shape == policy.metadata.noise_shape
+        # The server's precision and why, as its own metadata says them.
+        assert policy.metadata.precision and remote.metadata.precision == policy.metadata.precision
         raw = _raw()
         np.testing.assert_array_equal(remote.infer(raw)["actions"], policy.infer(raw)["actions"])
         # Explicit noise travels with the request (openpi's `infer(obs, noise=...)`).

@@ -355,6 +355,8 @@ class RemotePolicy(InferencePipeline):
             action_horizon=int(meta.get("action_horizon") or action_horizon),
             action_dt=float(meta.get("action_dt", 0.02)),
             noise_shape=_noise_shape(meta.get("noise_shape")),
+            # What the server's GEMMs compute in, and why (its metadata's `precision`): the node's status says it.
+            precision=str(meta.get("precision", "")),
         )
         processor = RemoteProcessor(chosen, spec, metadata)
         super().__init__(processor, runner, num_steps=None, seed=None, name=metadata.model)
