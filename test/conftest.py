@@ -52,6 +52,7 @@ SAME_WORKER = {
     "test_onnx_smolvla.py": "onnx",
     "test_ray_serve.py": "ray",
     "test_ray_cli.py": "ray",
+    "test_stage_program.py": "stage_program",  # alone, but its one export (about a minute) is best started first
 }
 
 ROOT = Path(__file__).resolve().parent.parent
