@@ -12,9 +12,10 @@ without the user running it:
     <cache_dir>/kernels/<label>-stages-<checkpoint hash>-<cpu hash>/stages.pte + its sidecar + manifest.json
 
 The cache key is the checkpoint folder's files (every file's sha256: weights, config, normalization stats,
-tokenizer), the methods, the recipe and the tool versions, and the CPU (kernel_cache.py): a changed checkpoint
-or another CPU builds anew, a corrupt file is rebuilt with a warning. The export runs in a child process (the
-lowering leaves the serving process slower and larger: xnnpack_build.py), its progress in this log.
+tokenizer), the methods, the recipe, the versions of omni_ros, torch, ExecuTorch and torchao, and the CPU
+(kernel_cache.py): a changed checkpoint, tool or CPU builds anew, a corrupt file is rebuilt with a warning. The
+export runs in a child process (the lowering leaves the serving process slower and larger: xnnpack_build.py), its
+progress in this log.
 
 Opt-in, not `auto`'s: the first load exports the whole model (about 50 s for a tiny fixture, 139 s for the edge
 pi0 on that CPU, about 5 minutes for a full-size SmolVLA), the exported step has no autograd (real-time chunking
@@ -60,9 +61,10 @@ def program_entry(
     checkpoint: Path, methods: tuple[str, ...], *, cache_dir: str | None, label: str, cpu: CpuFeatures
 ) -> CacheEntry:
     """The cache folder of `checkpoint`'s stage program on this CPU."""
-    from omni_ros.policy.precision.xnnpack_linears import _versions
+    from omni_ros.export.sidecar import runtime_versions
 
-    extra = {"recipe": RECIPE, "methods": list(methods), "versions": _versions()}
+    # omni_ros's own version too: its exporter decides what the program computes.
+    extra = {"recipe": RECIPE, "methods": list(methods), "versions": runtime_versions()}
     return CacheEntry(cache_root(cache_dir), f"{label}-stages", checkpoint_hash(checkpoint, extra), cpu)
 
 
@@ -103,8 +105,8 @@ def load_program_policy(path: Path, checkpoint: Any, choice: PrecisionChoice, **
 
     plan = stage_plan(checkpoint.config)
     if plan.family not in PROGRAM_FAMILIES:
-        # pi0-FAST decodes tokens in a loop of its own; X-VLA's int8 export fails in torchao's quantization of its
-        # convolutions: refused here, not after minutes of exporting.
+        # pi0-FAST decodes tokens in a loop of its own; X-VLA's int8 export fails inside torchao's quantization
+        # (`FakeTensor + None`): refused here, not after minutes of exporting.
         raise PrecisionError(
             f"policy.int8_kernel program: a {plan.family} checkpoint cannot be exported to an int8 program (done for "
             f"{', '.join(PROGRAM_FAMILIES.values())}); set policy.int8_kernel auto (its int8 linears run per layer)"
