@@ -99,10 +99,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
-    import omni_ros.policy
+    # The product's loader of a checkpoint (the backend factory's): the int8 program kernel included.
+    from omni_ros.backends.stage_program import load_checkpoint
 
     start = time.perf_counter()
-    policy = omni_ros.policy.load(
+    policy = load_checkpoint(
         args.checkpoint,
         precision=args.precision,
         cpu_linear="packed",

@@ -76,9 +76,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     obs, noise = inputs(work)
     start = time.perf_counter()
     if args.worker == "eager":
-        import omni_ros.policy
+        # The product's loader of a checkpoint (the backend factory's): the int8 program kernel included.
+        from omni_ros.backends.stage_program import load_checkpoint
 
-        policy = omni_ros.policy.load(
+        policy = load_checkpoint(
             work / NAME,
             cpu_linear=args.cpu_linear,
             precision=args.precision,

@@ -1,5 +1,5 @@
 """`policy.int8_kernel: program`: a checkpoint's stages exported whole to one XNNPACK int8 program on the first
-load, cached per checkpoint and CPU, and served by the ExecuTorch runner (omni_ros/policy/precision/stage_program.py).
+load, cached per checkpoint and CPU, and served by the ExecuTorch runner (omni_ros/backends/stage_program.py).
 
 One real export of the smallest committed LeRobot fixture (about a minute) serves the module; the cache decisions
 (reuse, rebuild on corruption, a new key for a changed checkpoint or CPU) are checked against it without a second
@@ -16,9 +16,10 @@ import pytest
 from test_reference_checkpoints import MANIFEST, REFERENCE, observation, policy, tensors
 
 import omni_ros.policy
+from omni_ros.backends import stage_program
+from omni_ros.backends.stage_program import load_checkpoint
 from omni_ros.cpu_features import CpuFeatures, detect
 from omni_ros.policy.layouts.common import CheckpointError
-from omni_ros.policy.precision import stage_program
 from omni_ros.policy.precision.choice import PrecisionError
 from omni_ros.policy.precision.xnnpack_build import KernelBuildError
 
@@ -37,7 +38,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def program(cache):
-    return omni_ros.policy.load(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(cache))
+    return load_checkpoint(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(cache))
 
 
 class _Asked(Exception):
@@ -77,7 +78,7 @@ def test_the_program_serves_every_case_within_the_int8_bound(program):
 
 def test_a_second_load_reads_the_cache(program, cache, no_export, caplog):
     with caplog.at_level(logging.WARNING, "omni_ros.policy"):
-        again = omni_ros.policy.load(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(cache))
+        again = load_checkpoint(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(cache))
     assert no_export == []
     assert "holds Python's GIL while a stage runs" in caplog.text  # said at every load: not for the node's process
     case = next(iter(MANIFEST["fixtures"][FIXTURE]["cases"]))
@@ -95,7 +96,7 @@ def test_a_corrupt_program_is_rebuilt_never_loaded(program, cache, tmp_path, no_
     data[len(data) // 2] ^= 0xFF
     pte.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, "omni_ros.policy"), pytest.raises(_Asked):
-        omni_ros.policy.load(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(copy))
+        load_checkpoint(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(copy))
     assert len(no_export) == 1 and "stages.pte does not match its sha256" in caplog.text
     assert not pte.exists()  # the corrupt folder is gone, not kept beside a new build
 
@@ -118,18 +119,21 @@ def test_a_failed_export_is_an_error_that_leaves_no_program(tmp_path, monkeypatc
 
     monkeypatch.setattr(sys, "executable", shutil.which("false"))  # a child that fails at once
     with pytest.raises(KernelBuildError, match="exporting the int8 program failed"):
-        omni_ros.policy.load(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(tmp_path))
+        load_checkpoint(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(tmp_path))
     assert not list((tmp_path / "kernels").glob("*/manifest.json"))
 
 
 def test_what_the_program_kernel_refuses_at_load(tmp_path):
     with pytest.raises(CheckpointError, match=r"policy\.compile"):
-        omni_ros.policy.load(
+        load_checkpoint(
             REFERENCE / FIXTURE, precision="int8", int8_kernel="program", compile=True, cache_dir=str(tmp_path)
         )
     with pytest.raises(CheckpointError, match="checkpoint folder"):
         omni_ros.policy.from_preset("tiny", precision="int8", int8_kernel="program")
     for fixture in ("pi0fast_1cam", "xvla_1cam"):  # refused before any export
         with pytest.raises(PrecisionError, match="cannot be exported to an int8 program"):
-            omni_ros.policy.load(REFERENCE / fixture, precision="int8", int8_kernel="program", cache_dir=str(tmp_path))
+            load_checkpoint(REFERENCE / fixture, precision="int8", int8_kernel="program", cache_dir=str(tmp_path))
     assert not (tmp_path / "kernels").exists()
+    # The torch loader does not serve an exported program: it names the loader that does.
+    with pytest.raises(PrecisionError, match="load_checkpoint"):
+        omni_ros.policy.load(REFERENCE / FIXTURE, precision="int8", int8_kernel="program")

@@ -55,7 +55,8 @@ def load_policy(
 
 
 def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
-    from omni_ros.policy.loading import from_preset, load
+    from omni_ros.backends.stage_program import load_checkpoint
+    from omni_ros.policy.loading import from_preset
 
     dtype = runtime_dtype(config)
     common: dict[str, Any] = {
@@ -70,7 +71,7 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
         "compile": config.compile,
     }
     if config.checkpoint:
-        policy = load(
+        policy = load_checkpoint(
             config.checkpoint,
             tokenizer=config.tokenizer,
             domain_id=config.domain_id,

@@ -88,7 +88,7 @@ class PolicyConfig:
     # (torch's _int_mm), xnnpack (ExecuTorch's XNNPACK delegate per linear, built on first load and cached) or
     # program (a checkpoint's stages exported whole to one XNNPACK int8 program on first load and cached: the
     # attention and glue inside XNNPACK too; RTC by inpainting only; it holds Python's GIL while a stage runs, so
-    # it is for serve / eval, not the policy node's own process; precision/stage_program.py).
+    # it is for serve / eval, not the policy node's own process; omni_ros/backends/stage_program.py).
     int8_kernel: Literal["auto", "onednn", "xnnpack", "program"] = "auto"
     # Where kernels built on first load are kept, per checkpoint and CPU; null: $OMNI_ROS_CACHE_DIR, else
     # ~/.cache/omni_ros. Relative to the config file.

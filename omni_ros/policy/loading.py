@@ -17,7 +17,7 @@ from omni_ros.policy import families, layouts
 from omni_ros.policy.layouts.common import CheckpointError
 from omni_ros.policy.normalize import NormStats
 from omni_ros.policy.pipeline import InferencePipeline
-from omni_ros.policy.precision import choose
+from omni_ros.policy.precision import PrecisionChoice, PrecisionError, choose
 from omni_ros.policy.tokenizer import Tokenizer
 from omni_ros.policy.torch_runner import TorchRunner, resolve_dtype
 
@@ -31,6 +31,13 @@ def _default_precision(precision: str | None, dtype: str) -> str:
     if precision is not None:
         return precision
     return "auto" if dtype == "bfloat16" else "fp32"
+
+
+def resolve_precision(
+    precision: str | None, *, device: str = "cpu", dtype: str = "float32", int8_kernel: str = "auto"
+) -> PrecisionChoice:
+    """What `load` computes in on this CPU, and why, with the API's default for `precision` None."""
+    return choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
 
 
 def load(
@@ -72,11 +79,14 @@ def load(
         checkpoint.config.action_dt = float(action_dt)
     elif checkpoint.layout != "omni_ros":
         _warn_unknown_rate(checkpoint)
-    choice = choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
-    label = name or Path(path).name
+    choice = resolve_precision(precision, device=device, dtype=dtype, int8_kernel=int8_kernel)
     if choice.kernel == "program":
-        program = {"cache_dir": cache_dir, "label": label, "seed": seed, "num_steps": num_steps, "domain_id": domain_id}
-        return _load_program(path, checkpoint, choice, tokenizer, compile, action_dt, program)
+        # An exported program on the ExecuTorch runner: the backends' layer serves it, not the torch runner.
+        raise PrecisionError(
+            "policy.int8_kernel program runs an exported program: load it with "
+            "omni_ros.backends.stage_program.load_checkpoint (as the node, serve and eval do)"
+        )
+    label = name or Path(path).name
     model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
     processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
     options: dict[str, Any] = {"cpu_linear": cpu_linear, "precision": choice, "cache_dir": cache_dir, "label": label}
@@ -87,40 +97,6 @@ def load(
         runner = TorchRunner(model, device, dtype, **options)
     steps = num_steps or checkpoint.config.num_steps
     return InferencePipeline(processor, runner, num_steps=steps, seed=seed, name=label)
-
-
-def _load_program(
-    path: str | Path,
-    checkpoint: Any,
-    choice: Any,
-    tokenizer: Any,
-    compile: bool,
-    action_dt: float | None,
-    options: dict[str, Any],
-) -> InferencePipeline:
-    """`policy.int8_kernel: program`: the checkpoint's stages exported whole, cached (precision/stage_program.py)."""
-    import torch
-
-    from omni_ros import cpu_features
-    from omni_ros.policy.precision.stage_program import load_program_policy
-
-    if compile:
-        raise CheckpointError(
-            "policy.int8_kernel program runs an exported program, which policy.compile cannot compile; set one of them"
-        )
-    if tokenizer is not None:
-        raise CheckpointError(
-            "policy.int8_kernel program exports the checkpoint folder as it is; a policy.tokenizer beside it is not "
-            "exported: put the tokenizer in the folder, or set policy.int8_kernel auto"
-        )
-    policy = load_program_policy(
-        Path(path), checkpoint, choice, cpu=cpu_features.detect(), num_threads=torch.get_num_threads(), **options
-    )
-    if action_dt is not None:
-        from dataclasses import replace
-
-        policy.metadata = replace(policy.metadata, action_dt=float(action_dt))
-    return policy
 
 
 def _warn_unknown_rate(checkpoint: Any) -> None:
@@ -174,7 +150,7 @@ def from_model(
     With `cpu_linear="packed"` or a `precision` other than fp32 the model's linears are replaced in place (see
     `load`): not for a model that goes on training."""
     cfg: Any = model.cfg
-    choice = choose(_default_precision(precision, dtype), device=device, dtype=dtype, int8_kernel=int8_kernel)
+    choice = resolve_precision(precision, device=device, dtype=dtype, int8_kernel=int8_kernel)
     if choice.kernel == "program":
         raise CheckpointError(
             "policy.int8_kernel program exports a checkpoint folder's stages; a preset or a model in memory has no "

@@ -37,8 +37,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
+from omni_ros import cpu_features
 from omni_ros.cpu_features import CpuFeatures
+from omni_ros.export.sidecar import runtime_versions
 from omni_ros.file_hash import file_sha256
+from omni_ros.policy.layouts.common import CheckpointError
+from omni_ros.policy.pipeline import InferencePipeline
 from omni_ros.policy.precision.choice import PrecisionChoice, PrecisionError
 from omni_ros.policy.precision.kernel_cache import CacheEntry, cache_root
 
@@ -61,8 +65,6 @@ def program_entry(
     checkpoint: Path, methods: tuple[str, ...], *, cache_dir: str | None, label: str, cpu: CpuFeatures
 ) -> CacheEntry:
     """The cache folder of `checkpoint`'s stage program on this CPU."""
-    from omni_ros.export.sidecar import runtime_versions
-
     # omni_ros's own version too: its exporter decides what the program computes.
     extra = {"recipe": RECIPE, "methods": list(methods), "versions": runtime_versions()}
     return CacheEntry(cache_root(cache_dir), f"{label}-stages", checkpoint_hash(checkpoint, extra), cpu)
@@ -82,7 +84,7 @@ def stage_program(
 
         def write(tmp: Path) -> dict[str, Any]:
             start = time.perf_counter()
-            module = "omni_ros.policy.precision.stage_program"
+            module = "omni_ros.backends.stage_program"
             run_child(
                 [sys.executable, "-m", module, str(checkpoint), str(tmp / PROGRAM), *methods],
                 "exporting the int8 program",
@@ -96,14 +98,39 @@ def stage_program(
     return entry.folder / PROGRAM
 
 
-def load_program_policy(path: Path, checkpoint: Any, choice: PrecisionChoice, **options: Any) -> Any:
-    """`omni_ros.policy.load`'s pipeline for int8_kernel program: the cached program on the ExecuTorch runner.
+def load_checkpoint(path: str | Path, **options: Any) -> InferencePipeline:
+    """`omni_ros.policy.load(path, **options)`, with `int8_kernel="program"` served here: the checkpoint's cached
+    stage program on the ExecuTorch runner (what the node, `serve` and `eval` load through the backend factory)."""
+    from omni_ros.policy.loading import load, resolve_precision
 
-    `options`: cache_dir, label, cpu, num_threads, seed, num_steps, domain_id (load's)."""
+    choice = resolve_precision(
+        options.get("precision"),
+        device=options.get("device", "cpu"),
+        dtype=options.get("dtype", "float32"),
+        int8_kernel=options.get("int8_kernel", "auto"),
+    )
+    if choice.kernel != "program":
+        return load(path, **options)
+    if options.get("compile"):
+        raise CheckpointError(
+            "policy.int8_kernel program runs an exported program, which policy.compile cannot compile; set one of them"
+        )
+    if options.get("tokenizer") is not None:
+        raise CheckpointError(
+            "policy.int8_kernel program exports the checkpoint folder as it is; a policy.tokenizer beside it is not "
+            "exported: put the tokenizer in the folder, or set policy.int8_kernel auto"
+        )
+    return _program_policy(Path(path), choice, options)
+
+
+def _program_policy(path: Path, choice: PrecisionChoice, options: dict[str, Any]) -> InferencePipeline:
+    import torch
+
     from omni_ros.backends.executorch_runner import load_pte
+    from omni_ros.policy import layouts
     from omni_ros.policy.families import stage_plan
 
-    plan = stage_plan(checkpoint.config)
+    plan = stage_plan(layouts.read(path).config)
     if plan.family not in PROGRAM_FAMILIES:
         # pi0-FAST decodes tokens in a loop of its own; X-VLA's int8 export fails inside torchao's quantization
         # (`FakeTensor + None`): refused here, not after minutes of exporting.
@@ -111,17 +138,16 @@ def load_program_policy(path: Path, checkpoint: Any, choice: PrecisionChoice, **
             f"policy.int8_kernel program: a {plan.family} checkpoint cannot be exported to an int8 program (done for "
             f"{', '.join(PROGRAM_FAMILIES.values())}); set policy.int8_kernel auto (its int8 linears run per layer)"
         )
-    pte = stage_program(
-        Path(path), plan.staged, cache_dir=options["cache_dir"], label=options["label"], cpu=options["cpu"]
-    )
+    label = options.get("name") or path.name
+    pte = stage_program(path, plan.staged, cache_dir=options.get("cache_dir"), label=label, cpu=cpu_features.detect())
     policy = load_pte(
         pte,
-        seed=options["seed"],
-        num_steps=options["num_steps"],
+        seed=options.get("seed", 0),
+        num_steps=options.get("num_steps"),
         mode="staged",
-        num_threads=options["num_threads"],
-        name=options["label"],
-        domain_id=options["domain_id"],
+        num_threads=torch.get_num_threads(),
+        name=label,
+        domain_id=options.get("domain_id"),
     )
     # Measured live (bench/results/realtime_program_vnni.json): the node's 50 Hz loop fell to 20 commands/s.
     logger.warning(
@@ -130,7 +156,9 @@ def load_program_policy(path: Path, checkpoint: Any, choice: PrecisionChoice, **
         "serve the program from a process of its own (omni-ros serve, and policy.backend: remote in the node)"
     )
     cast(Any, policy.runner).precision = choice.describe()  # what status, metadata and info say: kernel, why
-    policy.metadata = replace(policy.metadata, precision=choice.describe())
+    dt = options.get("action_dt")
+    action_dt = policy.metadata.action_dt if dt is None else float(dt)
+    policy.metadata = replace(policy.metadata, precision=choice.describe(), action_dt=action_dt)
     return policy
 
 
