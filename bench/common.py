@@ -8,6 +8,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +83,15 @@ def cpu_facts() -> dict[str, Any]:
 
     facts["omp_wait_policy"] = cpu_threads.current().wait_policy  # how torch's idle workers wait in this run
     try:  # what `policy.precision: auto` picks on this CPU, and why
+        from omni_ros.backends.stage_program import auto_program_refusal
+        from omni_ros.cpu_features import detect
         from omni_ros.policy.precision import choose
 
-        facts["precision_auto"] = choose("auto").describe()
+        choice = choose("auto")
+        facts["precision_auto"] = choice.describe()
+        if choice.kernel == "xnnpack" and auto_program_refusal("pi0", detect(), {}, None) is None:
+            # A pi0 / pi0.5 / SmolVLA checkpoint folder gets the int8 program (omni_ros/backends/stage_program.py).
+            facts["precision_auto"] = replace(choice, kernel="program").describe() + " (checkpoint folders)"
     except ImportError:
         pass
     return facts
@@ -133,11 +140,23 @@ class SpawnedServer:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (all its threads), from /proc."""
+    """User + system CPU time so far of a process (all its threads) and of its live child processes (the policy
+    node's program process, omni_ros/backends/program_process.py), from /proc."""
     import os
 
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def own(stat: Path) -> tuple[int, float]:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    total = own(Path(f"/proc/{pid}/stat"))[1]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent, seconds = own(stat)
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if parent == pid:
+            total += seconds
+    return total
 
 
 def listen(

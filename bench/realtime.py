@@ -5,7 +5,7 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
         [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--live-wait-policies passive brief]
         [--live-executors events single] [--compiled bf16 int8] [--live-compile off on] [--live-compiled]
         [--int8-kernel auto|onednn|xnnpack|program] [--live-serve]
-        [--live-resume off on] [--live-rtc-method inpaint]
+        [--live-resume off on] [--live-rtc-method inpaint] [--live-program-processes child inline]
         [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
 
@@ -47,8 +47,9 @@ are partly the eager stage's).
 `--int8-kernel` sets `policy.int8_kernel` for every row and the live run (`program`: the stages exported whole,
 which serves inpainting RTC only). `--live-serve` runs the live policy in `omni-ros serve` on 127.0.0.1 (its own
 process, the same config's policy section, keymap canonical) and the node as its remote client, the server's
-cores reported beside the node's (`cores_busy`); an exported program holds Python's GIL while a stage runs, which
-in the node's own process stalls its control loop.
+cores reported beside the node's (`cores_busy`). In the node an exported program runs in a child process of the
+node (`policy.program_process: auto`), whose cores count as the node's; `--live-program-processes child inline`
+runs it once in that child and once in the node's own process, where ExecuTorch's hold on the GIL stalls the loop.
 
 Offline rows only: `--skip-live`; the live runs only: `--precisions` with no value.
 """
@@ -225,6 +226,7 @@ def live(
     executor: str | None = None,
     compile: str | None = None,
     resume: str = "on",
+    program_process: str = "auto",
 ) -> dict[str, Any]:
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor
@@ -245,6 +247,7 @@ def live(
     data["policy"] = {"checkpoint": str(Path(args.checkpoint).resolve()), "num_threads": 0}
     data["policy"]["precision"] = args.live_precision
     data["policy"]["int8_kernel"] = args.int8_kernel
+    data["policy"]["program_process"] = program_process
     if wait_policy is not None:
         data["policy"]["omp_wait_policy"] = wait_policy
     # The actions play at the rate the offline rows compare against (a LeRobot checkpoint records none).
@@ -362,6 +365,7 @@ def live(
         "resume_where_held": resume == "on",
         "rtc_method": config.control.rtc.method,
         "policy_process": "omni-ros serve (the node its remote client)" if args.live_serve else "the policy node",
+        "program_process": config.policy.program_process,
         "commands_per_s": round(len(commands) / args.live_seconds, 2),
         "control_rate_hz": config.robot.control_rate_hz,
         "longest_command_gap_s": round(float(intervals.max()), 3),
@@ -461,6 +465,14 @@ def main() -> int:
         "whole on the first load, so use --live-rtc-method inpaint)",
     )
     parser.add_argument(
+        "--live-program-processes",
+        nargs="+",
+        choices=["auto", "child", "inline"],
+        help="one live run per policy.program_process value: where an exported program runs (auto: a child "
+        "process of the policy node; inline: the node's own process, where ExecuTorch's hold on the GIL stalls "
+        "its loop); default one run with auto",
+    )
+    parser.add_argument(
         "--live-serve",
         action="store_true",
         help="the live run's policy in `omni-ros serve` on 127.0.0.1, the node its remote client (policy.backend: "
@@ -504,9 +516,10 @@ def main() -> int:
         variants += [("executor", e) for e in args.live_executors or []]
         variants += [("compile", c) for c in args.live_compile or []]
         variants += [("resume", r) for r in args.live_resume or []]
+        variants += [("program_process", r) for r in args.live_program_processes or []]
         runs = {(kind, value): live(args, **{kind: value}) for kind, value in variants or [("wait_policy", None)]}
         report["live"] = next(iter(runs.values()))
-        kinds = ("wait_policy", "executor", "compile", "resume")
+        kinds = ("wait_policy", "executor", "compile", "resume", "program_process")
         for kind, key in ((k, f"live_by_{k}") for k in kinds):
             if any(k == kind for k, _ in variants):
                 report[key] = {value: run for (k, value), run in runs.items() if k == kind}

@@ -47,6 +47,7 @@ SAME_WORKER = {
     "test_export_xnnpack.py": "pte",
     "test_export_serving.py": "pte",
     "test_export_rtc.py": "pte",
+    "test_program_process.py": "pte",
     "test_export_onnx.py": "onnx",
     "test_onnx_qnn.py": "onnx",
     "test_onnx_smolvla.py": "onnx",

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,6 +77,20 @@ def _stop(procs):
             p.kill()
 
 
+def _children(pid: int, module: str) -> list[int]:
+    """Processes whose parent is `pid` and whose command line names `module`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if ppid == pid and module.encode() in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def test_policy_node_serves_an_export_over_dds(served, tmp_path, root, ros_context):
     config = _config(tmp_path, served)
     procs = [
@@ -104,6 +119,10 @@ def test_policy_node_serves_an_export_over_dds(served, tmp_path, root, ros_conte
             for p in procs:
                 assert p.poll() is None, p.stdout.read()
         assert len(chunks) >= 3 and len(commands) >= 20, (len(chunks), [s.detail for s in statuses[-3:]])
+        # The node runs an ExecuTorch program in a child process (policy.program_process auto): its control loop
+        # never waits behind the program's hold on the GIL.
+        programs = _children(procs[1].pid, "omni_ros.backends.program_process")
+        assert len(programs) == (1 if served[2].startswith("executorch") else 0), programs
     finally:
         executor.shutdown()
         node.destroy_node()

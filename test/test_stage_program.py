@@ -77,10 +77,10 @@ def test_the_program_serves_every_case_within_the_int8_bound(program):
 
 
 def test_a_second_load_reads_the_cache(program, cache, no_export, caplog):
-    with caplog.at_level(logging.WARNING, "omni_ros.policy"):
+    with caplog.at_level(logging.INFO, "omni_ros.policy"):
         again = load_checkpoint(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(cache))
     assert no_export == []
-    assert "holds Python's GIL while a stage runs" in caplog.text  # said at every load: not for the node's process
+    assert "holds Python's GIL while a stage runs" in caplog.text  # in this process: said at every load
     case = next(iter(MANIFEST["fixtures"][FIXTURE]["cases"]))
     data, obs = tensors(FIXTURE, case), observation(FIXTURE, case)
     np.testing.assert_array_equal(
@@ -137,3 +137,34 @@ def test_what_the_program_kernel_refuses_at_load(tmp_path):
     # The torch loader does not serve an exported program: it names the loader that does.
     with pytest.raises(PrecisionError, match="load_checkpoint"):
         omni_ros.policy.load(REFERENCE / FIXTURE, precision="int8", int8_kernel="program")
+
+
+VNNI = CpuFeatures(arch="x86_64", model="test epyc", flags=frozenset({"avx2", "fma", "avx512f", "avx512_vnni"}))
+
+
+def test_auto_picks_the_program_where_it_serves_the_checkpoint_and_the_caller(monkeypatch, tmp_path, no_export):
+    from omni_ros import cpu_features
+    from omni_ros.policy import loading
+
+    refusal = stage_program.auto_program_refusal
+    assert refusal("pi0", VNNI, {}, None) is None and refusal("smolvla", VNNI, {}, "inpaint") is None
+    arm = CpuFeatures(arch="aarch64", model="test arm", flags=frozenset({"asimddp"}))
+    assert "x86" in refusal("pi0", arm, {}, None)
+    assert "does not export" in refusal("xvla", VNNI, {}, None)
+    assert "compile" in refusal("pi0", VNNI, {"compile": True}, None)
+    assert "tokenizer" in refusal("pi0", VNNI, {"tokenizer": "tok.json"}, None)
+    assert "guided" in refusal("pi0", VNNI, {}, "guided")
+
+    monkeypatch.setattr(cpu_features, "detect", lambda: VNNI)
+    # Through the loader: `auto` on this CPU exports the checkpoint's program (the recorder stands in for the
+    # minute-long export child) ...
+    with pytest.raises(_Asked):
+        load_checkpoint(REFERENCE / FIXTURE, precision="auto", cache_dir=str(tmp_path))
+    assert len(no_export) == 1 and "omni_ros.backends.stage_program" in no_export[0]
+    # ... and hands a caller that asks for guided RTC, and a family without a program, to the per-linear kernels.
+    asked: list[dict] = []
+    monkeypatch.setattr(loading, "load", lambda path, **options: asked.append(options) or "per-linear")
+    assert load_checkpoint(REFERENCE / FIXTURE, precision="auto", rtc_method="guided") == "per-linear"
+    assert load_checkpoint(REFERENCE / "xvla_1cam", precision="auto") == "per-linear"
+    assert [o.get("int8_kernel", "auto") for o in asked] == ["auto", "auto"] and len(no_export) == 1
+    assert loading.resolve_precision("auto", int8_kernel="auto").kernel == "xnnpack"  # the torch layer's own

@@ -77,21 +77,30 @@ def _check_runnable(sidecar: Sidecar, source: str, backends: list[str]) -> None:
         raise PteError(f"{source}: unknown target '{sidecar.target}' in its sidecar")
 
 
-class ExecuTorchRunner:
-    """Runs the methods of an exported program; the KV cache stays a list of tensors between them."""
+class ProgramRunner:
+    """What a runner of an exported program is, wherever the program runs (here, or program_process.py's child)."""
 
     # Programs are exported for batch 1 (static shapes): the pipeline runs a batch request by request.
     max_batch = 1
     draws_noise = False
     dtype = torch.float32
 
-    def __init__(self, pte: Path, sidecar: Sidecar, mode: str, num_threads: int = 0) -> None:
+    def __init__(self, pte: Path, sidecar: Sidecar, mode: str) -> None:
         self.pte, self.sidecar, self.cfg, self.mode = pte, sidecar, sidecar.model, mode
         # The model family says which methods exist and how one inference chains them.
         self.plan = stage_plan(sidecar.family)
         self.device = torch.device("cuda" if sidecar.target == "cuda" else "cpu")
         self.backend = f"executorch-{sidecar.target}" + ("" if sidecar.quantize == "none" else f"-{sidecar.quantize}")
         self.precision = program_choice(sidecar.quantize, "auto", str(pte)).describe()
+        self.rtc_methods: tuple[str, ...] = ()
+        self.rtc_refusal = ""
+
+
+class ExecuTorchRunner(ProgramRunner):
+    """Runs the methods of an exported program; the KV cache stays a list of tensors between them."""
+
+    def __init__(self, pte: Path, sidecar: Sidecar, mode: str, num_threads: int = 0) -> None:
+        super().__init__(pte, sidecar, mode)
         from executorch.runtime import Runtime
 
         runtime = Runtime.get()
@@ -105,7 +114,6 @@ class ExecuTorchRunner:
         guided = mode == "staged" and GUIDED_STEP in sidecar.methods
         if guided:
             needed = (*needed, GUIDED_STEP)
-        self.rtc_methods: tuple[str, ...] = ()
         if mode == "staged":
             self.rtc_methods = ("guided", "inpaint") if guided else ("inpaint",)
         self.per_token = mode == "staged" and takes_per_token_times(sidecar)
@@ -187,8 +195,12 @@ def load_pte(
     state_dim: int | None = None,
     action_dim: int | None = None,
     domain_id: int | None = None,
+    process: bool = False,
 ) -> InferencePipeline:
-    """The policy of an exported program, checked against its sidecar and the configured robot."""
+    """The policy of an exported program, checked against its sidecar and the configured robot.
+
+    `process`: run the program in a child process (program_process.py), so that it never holds this process's GIL
+    (what the policy node's control loop needs); the processor stays here."""
     if mode not in MODES:
         raise ValueError(f"unknown mode '{mode}'; choose one of {', '.join(MODES)}")
     pte = Path(pte)
@@ -211,7 +223,12 @@ def load_pte(
                 f"{pte}: its fused 'sample' runs {sidecar.num_steps} Euler steps, configured num_steps is "
                 f"{num_steps}; export with --num-steps {num_steps} or use the staged methods"
             )
-    runner = ExecuTorchRunner(pte, sidecar, mode, num_threads)
+    if process:
+        from omni_ros.backends.program_process import ProgramProcess
+
+        runner: Any = ProgramProcess(pte, sidecar, mode, num_threads)
+    else:
+        runner = ExecuTorchRunner(pte, sidecar, mode, num_threads)
     fused = mode == "fused"
     return exported_policy(
         sidecar, runner, pte.parent, fused=fused, seed=seed, num_steps=num_steps, name=name, domain_id=domain_id

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,20 @@ def load_policy(
     camera_names: Sequence[str] | None = None,
     state_dim: int | None = None,
     action_dim: int | None = None,
+    *,
+    control_loop: bool = False,
+    rtc_method: str | None = None,
 ) -> Policy:
     """Build the configured policy.
 
     camera_names/state_dim/action_dim shape a preset (random weights) to a robot; a checkpoint, a program
     or a remote server carries its own, and they must agree with it. Relative paths in the config were
     resolved against the config file's folder when it was loaded.
+
+    `control_loop`: a control loop shares this process (the policy node), so `policy.program_process: auto` runs
+    an ExecuTorch program in a child process. `rtc_method`: the real-time-chunking method the caller will ask for
+    (the node's `control.rtc.method` under `blending: rtc`); `auto` kernels serve it (an exported int8 program
+    has no guided RTC, so auto keeps the per-linear kernel then).
     """
     # Before the backend imports torch where it can (the CLI and nodes did it already): threads and waiting.
     cpu_threads.configure(config)
@@ -46,7 +54,8 @@ def load_policy(
     }
     if config.backend not in loaders:
         raise ConfigError(f"unknown policy.backend '{config.backend}'; use torch, executorch, onnxruntime or remote")
-    policy = loaders[config.backend](config, camera_names, state_dim, action_dim)
+    host = Host(child_process(config.program_process, control_loop), rtc_method)
+    policy = loaders[config.backend](config, camera_names, state_dim, action_dim, host)
     if config.action_dt is not None and policy.metadata.action_dt != config.action_dt:
         # The period the actions play at is the robot's to know (a LeRobot checkpoint records none): every reader
         # of the chunk (executor, bridge metadata, evaluator) takes it from the metadata.
@@ -54,7 +63,20 @@ def load_policy(
     return policy
 
 
-def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+@dataclass(frozen=True)
+class Host:
+    """What the process loading a policy needs of it: programs in a child process; the RTC method it will ask."""
+
+    child_process: bool = False
+    rtc_method: str | None = None
+
+
+def child_process(setting: str, control_loop: bool) -> bool:
+    """`policy.program_process` resolved: auto runs programs in a child where a control loop shares the process."""
+    return setting == "child" or (setting == "auto" and control_loop)
+
+
+def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim, host: Host) -> Policy:
     from omni_ros.backends.stage_program import load_checkpoint
     from omni_ros.policy.loading import from_preset
 
@@ -76,6 +98,8 @@ def _load_torch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Po
             tokenizer=config.tokenizer,
             domain_id=config.domain_id,
             action_dt=config.action_dt,
+            program_process=host.child_process,
+            rtc_method=host.rtc_method,
             **common,
         )
         check_agrees(policy, camera_names, state_dim, action_dim, config.checkpoint)
@@ -108,17 +132,20 @@ def runtime_dtype(config: PolicyConfig) -> str:
     return "float32"
 
 
-def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+def _load_executorch(config: PolicyConfig, camera_names, state_dim, action_dim, host: Host) -> Policy:
     # PolicyConfig checked itself: a pte is given and the dtype is float32.
     from omni_ros.backends.executorch_runner import load_pte
 
     policy = load_pte(
-        Path(config.pte or ""), device=config.device, **_exported(config, camera_names, state_dim, action_dim)
+        Path(config.pte or ""),
+        device=config.device,
+        process=host.child_process,
+        **_exported(config, camera_names, state_dim, action_dim),
     )
     return _checked_precision(policy, config, str(config.pte))
 
 
-def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+def _load_onnxruntime(config: PolicyConfig, camera_names, state_dim, action_dim, host: Host) -> Policy:
     # PolicyConfig checked itself: a folder is given, and no dtype or device beside the providers.
     from omni_ros.backends.onnx_runner import load_onnx
 
@@ -152,7 +179,7 @@ def _exported(config: PolicyConfig, camera_names, state_dim, action_dim) -> dict
     }
 
 
-def _load_remote(config: PolicyConfig, camera_names, state_dim, action_dim) -> Policy:
+def _load_remote(config: PolicyConfig, camera_names, state_dim, action_dim, host: Host) -> Policy:
     remote = config.remote  # PolicyConfig checked itself: the url is set
     from omni_ros.backends.remote import RemotePolicy
 

@@ -17,13 +17,14 @@ tokenizer), the methods, the recipe, the versions of omni_ros, torch, ExecuTorch
 export runs in a child process (the lowering leaves the serving process slower and larger: xnnpack_build.py), its
 progress in this log.
 
-Opt-in, not `auto`'s: the first load exports the whole model (about 50 s for a tiny fixture, 139 s for the edge
-pi0 on that CPU, about 5 minutes for a full-size SmolVLA), the exported step has no autograd (real-time chunking
-by inpainting only, as for every exported program), pi0-FAST and X-VLA do not export to it, and ExecuTorch's
-Python binding holds the GIL while a method runs: in the policy node's own process the control loop waits for
-each stage (live, the full-size SmolVLA's node sent 20 commands a second at its 50 Hz control rate,
-bench/results/realtime_program_vnni.json), so there it belongs in a process of its own: `omni-ros serve` with the
-node its remote client sent 42.6 commands a second (realtime_program_serve_vnni.json).
+`int8_kernel: auto` picks it where `auto`'s kernel would be XNNPACK per linear on an x86 CPU (VNNI, no AMX) and
+the load allows it (`auto_program_refusal`: a pi0 / pi0.5 / SmolVLA folder, no `policy.compile`, no tokenizer
+outside the folder, no guided real-time chunking: the exported step has no autograd). The first load exports the
+whole model (about 50 s for a tiny fixture, 139 s for the edge pi0 on that CPU, about 5 minutes for a full-size
+SmolVLA; the per-linear kernels took 163 and 355 s to build there). ExecuTorch's Python binding holds the GIL
+while a method runs, so where a control loop shares the process (the policy node) the program runs in a child
+process (`program_process`, omni_ros/backends/program_process.py): in the node's own process the full-size
+SmolVLA's 50 Hz loop fell to 13 commands a second, 43 with it in the child (bench/results/realtime_program_vnni.json).
 """
 
 from __future__ import annotations
@@ -78,8 +79,13 @@ def stage_program(
 
     entry = program_entry(checkpoint, methods, cache_dir=cache_dir, label=label, cpu=cpu)
     if entry.load() is None:
-        logger.info(
-            "int8 program: exporting %s (%s) to %s; later loads read it", checkpoint, ", ".join(methods), entry.folder
+        # A warning, so that it shows at every log level: a first load pauses for minutes (139 s for the edge pi0).
+        logger.warning(
+            "int8 program: exporting %s (%s) to %s on its first load on this CPU (a minute or more; progress with "
+            "-v); later loads read it",
+            checkpoint,
+            ", ".join(methods),
+            entry.folder,
         )
 
         def write(tmp: Path) -> dict[str, Any]:
@@ -98,9 +104,16 @@ def stage_program(
     return entry.folder / PROGRAM
 
 
-def load_checkpoint(path: str | Path, **options: Any) -> InferencePipeline:
-    """`omni_ros.policy.load(path, **options)`, with `int8_kernel="program"` served here: the checkpoint's cached
-    stage program on the ExecuTorch runner (what the node, `serve` and `eval` load through the backend factory)."""
+def load_checkpoint(
+    path: str | Path, *, program_process: bool = False, rtc_method: str | None = None, **options: Any
+) -> InferencePipeline:
+    """`omni_ros.policy.load(path, **options)`, with the int8 program kernel served here: the checkpoint's cached
+    stage program on the ExecuTorch runner (what the node, `serve` and `eval` load through the backend factory).
+
+    `program_process`: that program runs in a child process (program_process.py: the policy node's control loop
+    keeps the GIL). `rtc_method`: the real-time-chunking method the caller will ask for; `int8_kernel: auto` picks
+    the program only where it serves it (inpainting; guided RTC needs the per-linear kernel's autograd).
+    """
     from omni_ros.policy.loading import load, resolve_precision
 
     choice = resolve_precision(
@@ -109,6 +122,13 @@ def load_checkpoint(path: str | Path, **options: Any) -> InferencePipeline:
         dtype=options.get("dtype", "float32"),
         int8_kernel=options.get("int8_kernel", "auto"),
     )
+    if choice.kernel == "xnnpack" and options.get("int8_kernel", "auto") == "auto":
+        family = _program_family(Path(path))
+        why_not = auto_program_refusal(family, cpu_features.detect(), options, rtc_method)
+        if why_not is None:
+            choice = replace(choice, kernel="program")
+        else:
+            logger.info("int8 kernel: XNNPACK per linear, not the int8 program: %s", why_not)
     if choice.kernel != "program":
         return load(path, **options)
     if options.get("compile"):
@@ -120,10 +140,38 @@ def load_checkpoint(path: str | Path, **options: Any) -> InferencePipeline:
             "policy.int8_kernel program exports the checkpoint folder as it is; a policy.tokenizer beside it is not "
             "exported: put the tokenizer in the folder, or set policy.int8_kernel auto"
         )
-    return _program_policy(Path(path), choice, options)
+    return _program_policy(Path(path), choice, options, program_process)
 
 
-def _program_policy(path: Path, choice: PrecisionChoice, options: dict[str, Any]) -> InferencePipeline:
+def auto_program_refusal(family: str, cpu: CpuFeatures, options: dict[str, Any], rtc_method: str | None) -> str | None:
+    """Why `int8_kernel: auto` keeps the per-linear XNNPACK kernel instead of the int8 program (None: it need not).
+
+    The program ran the edge pi0's chunk 1.7x faster than the per-linear kernel at 2 threads on an x86 CPU with
+    VNNI and no AMX (158 vs 268 ms, bench/results/vs_lerobot_program_vnni.json and vs_lerobot_vnni.json); on Arm
+    CPUs it is unmeasured, so the per-linear kernel stays there."""
+    if cpu.arch != "x86_64":
+        return f"the program is measured on x86 CPUs only (this one: {cpu.arch})"
+    if family not in PROGRAM_FAMILIES:
+        return f"a {family} checkpoint does not export to an int8 program"
+    if options.get("compile"):
+        return "policy.compile compiles the torch stages"
+    if options.get("tokenizer") is not None:
+        return "policy.tokenizer lies outside the checkpoint folder the program is exported from"
+    if rtc_method == "guided":
+        return "guided real-time chunking needs autograd through the denoising step (an exported program has none)"
+    return None
+
+
+def _program_family(path: Path) -> str:
+    from omni_ros.policy import layouts
+    from omni_ros.policy.families import stage_plan
+
+    return stage_plan(layouts.read(path).config).family
+
+
+def _program_policy(
+    path: Path, choice: PrecisionChoice, options: dict[str, Any], program_process: bool
+) -> InferencePipeline:
     import torch
 
     from omni_ros.backends.executorch_runner import load_pte
@@ -148,13 +196,14 @@ def _program_policy(path: Path, choice: PrecisionChoice, options: dict[str, Any]
         num_threads=torch.get_num_threads(),
         name=label,
         domain_id=options.get("domain_id"),
+        process=program_process,
     )
-    # Measured live (bench/results/realtime_program_vnni.json): the node's 50 Hz loop fell to 20 commands/s.
-    logger.warning(
-        "policy.int8_kernel program: ExecuTorch holds Python's GIL while a stage runs (a full-size SmolVLA camera's "
-        "vision: about half a second), so a control loop in this process pauses meanwhile; for the policy node, "
-        "serve the program from a process of its own (omni-ros serve, and policy.backend: remote in the node)"
-    )
+    if not program_process:
+        # Measured live (bench/results/realtime_program_vnni.json): a node's 50 Hz loop beside it fell to 13 commands/s.
+        logger.info(
+            "policy.int8_kernel program runs in this process: ExecuTorch holds Python's GIL while a stage runs, so "
+            "threads beside it wait (policy.program_process: child runs it in a process of its own)"
+        )
     cast(Any, policy.runner).precision = choice.describe()  # what status, metadata and info say: kernel, why
     dt = options.get("action_dt")
     action_dt = policy.metadata.action_dt if dt is None else float(dt)

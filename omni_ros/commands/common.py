@@ -59,7 +59,8 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
         choices=INT8_KERNEL_CHOICES,
         help="the int8 GEMM kernel (overrides policy.int8_kernel): auto, onednn (torch), xnnpack (ExecuTorch's per "
         "linear, built on first load and cached) or program (the checkpoint's stages exported whole to one XNNPACK "
-        "int8 program on first load and cached; for serve / eval: it holds Python's GIL while a stage runs)",
+        "int8 program on first load and cached; auto picks it on x86 CPUs with VNNI and no AMX where it serves the "
+        "load; the policy node runs it in a child process)",
     )
     parser.add_argument(
         "--compile",

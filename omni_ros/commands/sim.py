@@ -17,7 +17,9 @@ def _sim_config(args: argparse.Namespace) -> Any:
     return load_config(args.config or CONFIG_DIR / "sim.yaml")
 
 
-def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str | None) -> Any:
+def _policy(
+    args: argparse.Namespace, checkpoint: str | None, preset_name: str | None, rtc_method: str | None = None
+) -> Any:
     from omni_ros.backends.factory import load_policy
     from omni_ros.policy.config import PolicyConfig
 
@@ -31,7 +33,7 @@ def _policy(args: argparse.Namespace, checkpoint: str | None, preset_name: str |
         int8_kernel=getattr(args, "int8_kernel", None) or "auto",
         compile=bool(getattr(args, "compile", None)),
     )
-    return load_policy(config, camera_names=["base", "wrist"])
+    return load_policy(config, camera_names=["base", "wrist"], rtc_method=rtc_method)
 
 
 def run_collect(args: argparse.Namespace) -> int:
@@ -145,12 +147,17 @@ def _random_like(policy: Any) -> Any:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from omni_ros.control.executor import check_rtc_support, rtc_method
     from omni_ros.progress import Progress
     from omni_ros.sim.evaluate import EpisodeRecord, EvalOptions, action_error, evaluate, write_video
 
     config = _sim_config(args)
+    if args.blending:  # replace, not assign: the control config checks itself again (rtc needs latency comp.)
+        config.control = dataclasses.replace(config.control, blending=args.blending)
+    # The RTC method it will ask for: `int8_kernel: auto` picks a kernel that serves it.
+    rtc = rtc_method(config.control)
     if args.checkpoint or args.preset:
-        policy = _policy(args, args.checkpoint, args.preset)
+        policy = _policy(args, args.checkpoint, args.preset, rtc)
     else:
         from omni_ros.backends.factory import load_policy
 
@@ -158,12 +165,8 @@ def run_eval(args: argparse.Namespace) -> int:
             config.policy.num_threads = args.threads
         apply_precision_args(config, args)
         names = [c.name for c in config.topics.cameras]
-        policy = load_policy(config.policy, camera_names=names, state_dim=config.sim.n_joints)
+        policy = load_policy(config.policy, camera_names=names, state_dim=config.sim.n_joints, rtc_method=rtc)
     meta = policy.metadata
-    if args.blending:  # replace, not assign: the control config checks itself again (rtc needs latency comp.)
-        config.control = dataclasses.replace(config.control, blending=args.blending)
-    from omni_ros.control.executor import check_rtc_support
-
     check_rtc_support(config.control, policy)
     report: dict[str, Any] = {
         "policy": meta.model,

@@ -66,6 +66,11 @@ def check_rtc_support(config: ControlConfig, policy: Any) -> None:
         )
 
 
+def rtc_method(config: ControlConfig) -> str | None:
+    """The real-time-chunking method this control config will ask its policy for (None: no RTC)."""
+    return config.rtc.method if config.blending == "rtc" else None
+
+
 def pause_free_latency_s(horizon: int, dt: float) -> float:
     """The longest a chunk may take, observation to arrival, for the robot never to pause between chunks with one
     inference at a time: half the chunk's motion. The next observation is taken when a chunk arrives, and the

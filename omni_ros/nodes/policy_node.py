@@ -25,7 +25,7 @@ from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
 from omni_ros.config import OmniConfig
-from omni_ros.control.executor import check_rtc_support
+from omni_ros.control.executor import check_rtc_support, rtc_method
 from omni_ros.msg import ActionChunk, PolicyStatus
 from omni_ros.nodes import messages
 from omni_ros.nodes.policy_loop import Chunk, PolicyLoop
@@ -67,6 +67,8 @@ class PolicyNode(LifecycleNode):
                     camera_names=[c.name for c in cfg.topics.cameras],
                     state_dim=len(joints),
                     action_dim=len(joints),
+                    control_loop=True,
+                    rtc_method=rtc_method(cfg.control),
                 )
             meta = self.policy.metadata
             if meta.action_dim != len(joints) or meta.state_dim != len(joints):

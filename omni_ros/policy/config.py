@@ -84,12 +84,17 @@ class PolicyConfig:
     # instructions run (the same numbers, slowly) with a warning. For executorch / onnxruntime the program's own
     # precision is used (auto) or checked; a remote server decides its own (auto only).
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
-    # The int8 GEMM kernel: auto (oneDNN on AMX CPUs, XNNPACK's on VNNI-without-AMX and Arm CPUs), onednn
-    # (torch's _int_mm), xnnpack (ExecuTorch's XNNPACK delegate per linear, built on first load and cached) or
-    # program (a checkpoint's stages exported whole to one XNNPACK int8 program on first load and cached: the
-    # attention and glue inside XNNPACK too; RTC by inpainting only; it holds Python's GIL while a stage runs, so
-    # it is for serve / eval, not the policy node's own process; omni_ros/backends/stage_program.py).
+    # The int8 GEMM kernel: auto (oneDNN on AMX CPUs; on x86 CPUs with VNNI and no AMX the program below where
+    # it serves the checkpoint, else XNNPACK per linear; XNNPACK per linear on Arm CPUs), onednn (torch's
+    # _int_mm), xnnpack (ExecuTorch's XNNPACK delegate per linear, built on first load and cached) or program (a
+    # checkpoint folder's stages exported whole to one XNNPACK int8 program on first load and cached: attention
+    # and glue inside XNNPACK too; pi0, pi0.5 and SmolVLA; RTC by inpainting only; omni_ros/backends/stage_program.py).
     int8_kernel: Literal["auto", "onednn", "xnnpack", "program"] = "auto"
+    # Where an ExecuTorch program (backend executorch, int8_kernel program) runs: child (a process of its own, so
+    # it never holds this process's GIL: ExecuTorch's Python binding keeps it while a method runs, which stalls a
+    # control loop beside it), inline (this process), or auto (child in the policy node, whose control loop shares
+    # the process; inline for serve, eval and the Python API). omni_ros/backends/program_process.py.
+    program_process: Literal["auto", "child", "inline"] = "auto"
     # Where kernels built on first load are kept, per checkpoint and CPU; null: $OMNI_ROS_CACHE_DIR, else
     # ~/.cache/omni_ros. Relative to the config file.
     cache_dir: str | None = None
@@ -131,6 +136,10 @@ class PolicyConfig:
             raise FieldError("remote.url", "is needed by backend 'remote' (e.g. ws://127.0.0.1:8000)")
         if self.backend == "remote" and self.precision != "auto":
             raise FieldError("precision", f"is the remote server's to choose; use auto, got {self.precision!r}")
+        if self.program_process == "child" and self.backend in ("onnxruntime", "remote"):
+            raise FieldError(
+                "program_process", f"runs ExecuTorch programs (backend executorch or torch), not {self.backend}"
+            )
         if self.backend in ("executorch", "onnxruntime") and self.precision == "bf16":
             raise FieldError("precision", f"bf16 has no kernels in an exported program ({self.backend}); use auto")
         on_cuda = self.backend == "torch" and not self.device.startswith("cpu")

@@ -109,7 +109,9 @@ def choose(
 def int8_kernel_for(cpu: CpuFeatures, requested: str = "auto") -> str:
     """The int8 GEMM kernel for this CPU: oneDNN where it has AMX_INT8 tiles (or no int8 dot product at all: the
     same integers, at float speed), XNNPACK's where it has VNNI without AMX or is an Arm CPU (there XNNPACK's
-    int8 GEMMs ran 3.0x oneDNN's float32 ones and FBGEMM's int8 1.47x, bench/gemm_kernels.py).
+    int8 GEMMs ran 3.0x oneDNN's float32 ones and FBGEMM's int8 1.47x, bench/gemm_kernels.py). Where XNNPACK's
+    is chosen on x86, the backends' loader of a checkpoint folder runs its stages as one exported XNNPACK program
+    instead when the load allows it (omni_ros/backends/stage_program.py: this layer cannot run programs).
 
     On an AMX Xeon XNNPACK's int8 GEMMs were still the fastest alone, but the per-linear program took 582 s to
     build for the edge pi0 (114 linears) and the whole chunk was no faster than with oneDNN's (715 vs 782 ms, one

@@ -231,8 +231,10 @@ def attach_xnnpack(
     entry = CacheEntry(cache_root, label, weights, cpu)
     manifest = entry.load()
     if manifest is None:
-        logger.info(
-            "int8 xnnpack kernels: building %s (%d linears in %d methods)",
+        # A warning, so that it shows at every log level: a first load pauses for minutes (163 s for the edge pi0).
+        logger.warning(
+            "int8 xnnpack kernels: building %s (%d linears in %d methods) on the first load on this CPU (a minute or "
+            "more; progress with -v); later loads read them",
             entry.folder,
             len(linears),
             len(grouping) + len(mlps),
