@@ -168,3 +168,20 @@ def test_auto_picks_the_program_where_it_serves_the_checkpoint_and_the_caller(mo
     assert load_checkpoint(REFERENCE / "xvla_1cam", precision="auto") == "per-linear"
     assert [o.get("int8_kernel", "auto") for o in asked] == ["auto", "auto"] and len(no_export) == 1
     assert loading.resolve_precision("auto", int8_kernel="auto").kernel == "xnnpack"  # the torch layer's own
+
+
+def test_an_auto_chosen_program_whose_export_fails_falls_back_to_the_per_linear_kernels(monkeypatch, tmp_path, caplog):
+    import sys
+
+    from omni_ros import cpu_features
+    from omni_ros.policy import loading
+
+    monkeypatch.setattr(cpu_features, "detect", lambda: VNNI)
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))  # an export child that fails at once
+    monkeypatch.setattr(loading, "load", lambda path, **options: "per-linear")
+    with caplog.at_level(logging.WARNING, "omni_ros.policy"):
+        assert load_checkpoint(REFERENCE / FIXTURE, precision="auto", cache_dir=str(tmp_path)) == "per-linear"
+    assert "serving the checkpoint with XNNPACK's kernels per linear instead" in caplog.text
+    # Asked for by name, the same failure is the error it is.
+    with pytest.raises(KernelBuildError):
+        load_checkpoint(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(tmp_path))

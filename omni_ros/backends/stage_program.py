@@ -125,10 +125,21 @@ def load_checkpoint(
     if choice.kernel == "xnnpack" and options.get("int8_kernel", "auto") == "auto":
         family = _program_family(Path(path))
         why_not = auto_program_refusal(family, cpu_features.detect(), options, rtc_method)
-        if why_not is None:
-            choice = replace(choice, kernel="program")
-        else:
+        if why_not is not None:
             logger.info("int8 kernel: XNNPACK per linear, not the int8 program: %s", why_not)
+            return load(path, **options)
+        from omni_ros.policy.precision.xnnpack_build import KernelBuildError
+
+        try:
+            return _program_policy(Path(path), replace(choice, kernel="program"), options, program_process)
+        except KernelBuildError as exc:
+            # Chosen by `auto`, not asked for: a checkpoint whose export fails is still served, per linear.
+            logger.warning(
+                "int8 program: %s; serving the checkpoint with XNNPACK's kernels per linear instead "
+                "(policy.int8_kernel: xnnpack skips the program)",
+                exc,
+            )
+            return load(path, **options)
     if choice.kernel != "program":
         return load(path, **options)
     if options.get("compile"):
