@@ -7,7 +7,10 @@ LeRobot's default SmolVLA config over SmolVLM2-500M dimensions with random weigh
 LeRobot's half, `scripts/lerobot_bench.py --policy smolvla`, in LeRobot's own venv, which also times LeRobot),
 2 cameras of 480x640 -> 512 px tiles, chunk 50, 10 denoising steps. The same folder is then loaded by omni_ros
 (the LeRobot layout, weights memory-mapped) and exported to XNNPACK fp32 and int8-dynamic (the staged methods).
-Every contender runs in a fresh process of its own, one after the other, at the same thread count:
+The eager rows load the folder the way the node does (the backend factory's `load_checkpoint`), so the int8 row
+runs the kernel `auto` picks (`--int8-kernel` to pin one): on an x86 CPU with VNNI and no AMX the stage program,
+whose stages come from the pipeline's timing of each chunk. Every contender runs in a fresh process of its own,
+one after the other, at the same thread count:
 
     cold start        process start -> first chunk (imports, load, first inference)
     latency           observation -> action chunk, median of --runs after a warm-up chunk
@@ -144,30 +147,41 @@ def worker_eager(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
-    from omni_ros.policy import load
+    # The product's loader of a checkpoint (the backend factory's): int8 runs the kernel `auto` picks here, the
+    # stage program included.
+    from omni_ros.backends.stage_program import load_checkpoint
 
     work = Path(args.work_dir)
     obs, noise, _ = inputs_of(work)
     t0 = time.perf_counter()
-    policy = load(work / FOLDER, cpu_linear=args.cpu_linear, precision=args.precision)
+    policy = load_checkpoint(
+        work / FOLDER, cpu_linear=args.cpu_linear, precision=args.precision, int8_kernel=args.int8_kernel
+    )
     loaded = time.perf_counter()
     first = policy.infer(obs, noise=noise)
     cold = {"load_s": round(loaded - t0, 2), "first_chunk_s": round(time.perf_counter() - loaded, 2)}
     cold["total_s"] = round(time.perf_counter() - T_PROCESS, 2)
     result: dict[str, Any] = {"cold_start": cold, "rss_after_first_chunk_mb": peak_rss_mb()}
-    model = policy.runner.model
     inputs = policy.processor.inputs([policy.processor.parse(obs)])
-    with torch.inference_mode():
-        prefix, mask = model.embed_prefix(inputs)
-        cache = model.prefill(prefix, mask)
-        x, t = torch.from_numpy(noise)[None], torch.full((1,), 0.5)
-        tile = inputs.images[:, 0]
-        result["stages"] = {
-            "vision_per_camera": timed(lambda: model.embed_images(tile), args.runs),
-            "prefill": timed(lambda: model.prefill(prefix, mask), args.runs),
-            "denoise_step": timed(lambda: model.denoise_step(cache, mask, inputs.state, x, t), args.runs * 3),
-        }
-    result["latency"] = timed(lambda: policy.infer(obs, noise=noise), args.runs)
+    model = getattr(policy.runner, "model", None)
+    if model is not None:
+        with torch.inference_mode():
+            prefix, mask = model.embed_prefix(inputs)
+            cache = model.prefill(prefix, mask)
+            x, t = torch.from_numpy(noise)[None], torch.full((1,), 0.5)
+            tile = inputs.images[:, 0]
+            result["stages"] = {
+                "vision_per_camera": timed(lambda: model.embed_images(tile), args.runs),
+                "prefill": timed(lambda: model.prefill(prefix, mask), args.runs),
+                "denoise_step": timed(lambda: model.denoise_step(cache, mask, inputs.state, x, t), args.runs * 3),
+            }
+        result["latency"] = timed(lambda: policy.infer(obs, noise=noise), args.runs)
+    else:  # an exported program (int8_kernel program): its stages from the pipeline's own timing of each chunk
+        timings: list[dict[str, float]] = []
+        result["latency"] = timed(lambda: timings.append(policy.infer(obs, noise=noise)["policy_timing"]), args.runs)
+        per = {"vision_per_camera": ("embed_prefix_ms", inputs.images.shape[1]), "prefill": ("prefill_ms", 1)}
+        per["denoise_step"] = ("denoise_ms", policy.num_steps or 1)
+        result["stages"] = {name: summary([t[key] / count for t in timings[1:]]) for name, (key, count) in per.items()}
     result["prompt_tokens"] = int(inputs.token_mask.sum())
     if args.profile:
         result["profile_top_ops"] = profile(lambda: policy.infer(obs, noise=noise))
@@ -256,7 +270,9 @@ WORKERS = {"eager": worker_eager, "pte": worker_pte, "export": worker_export, "p
 
 def run_worker(kind: str, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", kind, "--threads", str(args.threads), "--runs", str(args.runs)]
-    cmd += ["--work-dir", str(args.work_dir)] + (["--profile"] if args.profile else [])
+    cmd += ["--work-dir", str(args.work_dir), "--int8-kernel", args.int8_kernel] + (
+        ["--profile"] if args.profile else []
+    )
     for key, value in extra.items():
         cmd += [f"--{key}", str(value)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
@@ -314,6 +330,12 @@ def main() -> int:
     parser.add_argument("--pte", help=argparse.SUPPRESS)
     parser.add_argument("--quantize", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-linear", default="packed", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--int8-kernel",
+        default="auto",
+        help="policy.int8_kernel of the eager int8 row (default auto: on an x86 CPU with VNNI and no AMX, the stages "
+        "exported whole to one XNNPACK int8 program on the first load)",
+    )
     add_precision_args(parser)
     parser.add_argument(
         "--no-export", action="store_true", help="LeRobot and eager only (no XNNPACK export or run; much shorter)"
