@@ -43,6 +43,7 @@ from omni_ros.cpu_features import CpuFeatures
 from omni_ros.export.sidecar import runtime_versions
 from omni_ros.file_hash import file_sha256
 from omni_ros.policy.layouts.common import CheckpointError
+from omni_ros.policy.methods import StagePlan
 from omni_ros.policy.pipeline import InferencePipeline
 from omni_ros.policy.precision.choice import PrecisionChoice, PrecisionError
 from omni_ros.policy.precision.kernel_cache import CacheEntry, cache_root
@@ -123,15 +124,15 @@ def load_checkpoint(
         int8_kernel=options.get("int8_kernel", "auto"),
     )
     if choice.kernel == "xnnpack" and options.get("int8_kernel", "auto") == "auto":
-        family = _program_family(Path(path))
-        why_not = auto_program_refusal(family, cpu_features.detect(), options, rtc_method)
+        plan = _stage_plan(Path(path))
+        why_not = auto_program_refusal(plan.family, cpu_features.detect(), options, rtc_method)
         if why_not is not None:
             logger.info("int8 kernel: XNNPACK per linear, not the int8 program: %s", why_not)
             return load(path, **options)
         from omni_ros.policy.precision.xnnpack_build import KernelBuildError
 
         try:
-            return _program_policy(Path(path), replace(choice, kernel="program"), options, program_process)
+            return _program_policy(Path(path), plan, replace(choice, kernel="program"), options, program_process)
         except KernelBuildError as exc:
             # Chosen by `auto`, not asked for: a checkpoint whose export fails is still served, per linear.
             logger.warning(
@@ -151,7 +152,7 @@ def load_checkpoint(
             "policy.int8_kernel program exports the checkpoint folder as it is; a policy.tokenizer beside it is not "
             "exported: put the tokenizer in the folder, or set policy.int8_kernel auto"
         )
-    return _program_policy(Path(path), choice, options, program_process)
+    return _program_policy(Path(path), _stage_plan(Path(path)), choice, options, program_process)
 
 
 def auto_program_refusal(family: str, cpu: CpuFeatures, options: dict[str, Any], rtc_method: str | None) -> str | None:
@@ -173,23 +174,21 @@ def auto_program_refusal(family: str, cpu: CpuFeatures, options: dict[str, Any],
     return None
 
 
-def _program_family(path: Path) -> str:
+def _stage_plan(path: Path) -> StagePlan:
+    """The checkpoint's family plan: its family and the staged methods its program exports (read once a load)."""
     from omni_ros.policy import layouts
     from omni_ros.policy.families import stage_plan
 
-    return stage_plan(layouts.read(path).config).family
+    return stage_plan(layouts.read(path).config)
 
 
 def _program_policy(
-    path: Path, choice: PrecisionChoice, options: dict[str, Any], program_process: bool
+    path: Path, plan: StagePlan, choice: PrecisionChoice, options: dict[str, Any], program_process: bool
 ) -> InferencePipeline:
     import torch
 
     from omni_ros.backends.executorch_runner import load_pte
-    from omni_ros.policy import layouts
-    from omni_ros.policy.families import stage_plan
 
-    plan = stage_plan(layouts.read(path).config)
     if plan.family not in PROGRAM_FAMILIES:
         # pi0-FAST decodes tokens in a loop of its own; X-VLA's int8 export fails inside torchao's quantization
         # (`FakeTensor + None`): refused here, not after minutes of exporting.
