@@ -8,6 +8,7 @@ export: the child that would export is replaced by one that records that it was 
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 
@@ -81,6 +82,9 @@ def test_a_second_load_reads_the_cache(program, cache, no_export, caplog):
         again = load_checkpoint(REFERENCE / FIXTURE, precision="int8", int8_kernel="program", cache_dir=str(cache))
     assert no_export == []
     assert "holds Python's GIL while a stage runs" in caplog.text  # in this process: said at every load
+    # The entry says what it was built from (`omni-ros cache list`; a rebuild of this folder replaces it).
+    manifest = json.loads((_entry(cache).folder / "manifest.json").read_text())
+    assert manifest["source"] == str((REFERENCE / FIXTURE).resolve()) and "prefill" in manifest["variant"]
     case = next(iter(MANIFEST["fixtures"][FIXTURE]["cases"]))
     data, obs = tensors(FIXTURE, case), observation(FIXTURE, case)
     np.testing.assert_array_equal(

@@ -69,7 +69,11 @@ def program_entry(
     """The cache folder of `checkpoint`'s stage program on this CPU."""
     # omni_ros's own version too: its exporter decides what the program computes.
     extra = {"recipe": RECIPE, "methods": list(methods), "versions": runtime_versions()}
-    return CacheEntry(cache_root(cache_dir), f"{label}-stages", checkpoint_hash(checkpoint, extra), cpu)
+    key = checkpoint_hash(checkpoint, extra)
+    variant = f"{RECIPE} program: {' '.join(methods)}"
+    return CacheEntry(
+        cache_root(cache_dir), f"{label}-stages", key, cpu, source=str(checkpoint.resolve()), variant=variant
+    )
 
 
 def stage_program(

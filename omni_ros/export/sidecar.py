@@ -20,6 +20,7 @@ from typing import Any
 
 from omni_ros.errors import OmniRosError
 from omni_ros.file_hash import file_sha256
+from omni_ros.package_versions import package_versions
 from omni_ros.policy.methods import MethodSignature
 from omni_ros.policy.normalize import NormStats
 
@@ -49,15 +50,7 @@ ONNX_PACKAGES = ("omni_ros", "torch", "onnx", "onnxscript", "onnxruntime", "onnx
 
 def runtime_versions(packages: tuple[str, ...] = PTE_PACKAGES) -> dict[str, str]:
     """Versions of what exports and runs programs (recorded at export, compared at load)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = {}
-    for package in packages:
-        try:
-            versions[package] = version(package)
-        except PackageNotFoundError:
-            versions[package] = "unknown"
-    return versions
+    return package_versions(packages)
 
 
 @dataclass

@@ -90,7 +90,7 @@ def load(
     model = layouts.build_model(checkpoint, lambda: family.build_model(checkpoint.config), resolve_dtype(dtype))
     processor = family.build_processor(checkpoint.config, checkpoint.norm_stats, checkpoint.tokenizer)
     options: dict[str, Any] = {"cpu_linear": cpu_linear, "precision": choice, "cache_dir": cache_dir, "label": label}
-    options["compile"] = compile
+    options |= {"compile": compile, "source": str(Path(path).resolve())}  # the kernel cache's build's origin
     if family.build_runner is not None:  # a family with its own loop (pi0-FAST's token decoder)
         runner = family.build_runner(model, checkpoint.config, device=device, dtype=dtype, **options)
     else:

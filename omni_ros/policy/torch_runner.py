@@ -119,7 +119,9 @@ class TorchRunner:
         cache_dir: str | None = None,
         label: str = "model",
         compile: bool = False,
+        source: str | None = None,
     ) -> None:
+        """`source`: the checkpoint folder the model came from (the kernel cache records it; None: not a folder)."""
         if cpu_linear not in ("packed", "dense"):
             raise ValueError(f"cpu_linear: expected 'packed' or 'dense', got {cpu_linear!r}")
         # Leave out what every batch item masks (see `compact`); families whose model needs fixed slots say no.
@@ -132,7 +134,9 @@ class TorchRunner:
         choice = precision or PrecisionChoice("fp32", "policy.precision fp32")
         if compile:
             self._check_compilable(choice)
-        self.applied = apply_precision(self.model, choice, cpu_linear=cpu_linear, cache_dir=cache_dir, label=label)
+        self.applied = apply_precision(
+            self.model, choice, cpu_linear=cpu_linear, cache_dir=cache_dir, label=label, source=source
+        )
         self.precision = choice.describe()
         self.packed_linears = self.applied.linears if choice.precision == "fp32" else 0
         # torch's threads during the denoising steps, on a CPU chosen by timing both ways (cpu_threads.StepThreads):

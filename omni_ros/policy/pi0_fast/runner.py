@@ -40,6 +40,7 @@ class Pi0FastTorchRunner(TorchRunner):
         cache_dir: str | None = None,
         label: str = "model",
         compile: bool = False,
+        source: str | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -50,6 +51,7 @@ class Pi0FastTorchRunner(TorchRunner):
             cache_dir=cache_dir,
             label=label,
             compile=compile,
+            source=source,
         )
         self.detokenizer = detokenizer
 

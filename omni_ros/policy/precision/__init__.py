@@ -77,6 +77,7 @@ def apply_precision(
     cache_dir: str | Path | None = None,
     label: str = "model",
     num_threads: int = 0,
+    source: str | None = None,
 ) -> AppliedPrecision:
     """Swap the linears of a float32 CPU `model` for `choice`'s kernels, in place (the model is the runner's).
 
@@ -144,7 +145,14 @@ def apply_precision(
         rest = [name for name in kept if name not in in_mlps]
         grouping = groups(model, rest, {name: kept[name][0].in_features for name in rest})
         folder = attach_xnnpack(
-            kept, grouping=grouping, mlps=mlps, cache_root=root, label=label, cpu=detect(), num_threads=threads
+            kept,
+            grouping=grouping,
+            mlps=mlps,
+            cache_root=root,
+            label=label,
+            cpu=detect(),
+            num_threads=threads,
+            source=source,
         )
         fused = use_xnnpack_mlps(model, mlps)
     return AppliedPrecision(choice, count, folder, attention=_attention(model), fused_mlps=fused)

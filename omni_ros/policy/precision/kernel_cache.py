@@ -8,17 +8,25 @@ sets that choose kernels: a program built on one CPU is never used on another) a
 that built them (in the manifest). A file whose sha256 no longer matches its manifest entry is rebuilt with a
 warning, never loaded: ExecuTorch's runtime can abort the process on a malformed program.
 
+The manifest also says where the build came from (`source`: the checkpoint folder, resolved; `variant`: what was
+built of it) and when; a load touches it, so its mtime is the entry's last use. A finished build removes the
+entries it supersedes: the same source, variant and CPU built earlier (a checkpoint retrained in place, or a tool
+upgrade, leaves its old builds, 0.5 GB each for a full-size SmolVLA program, unreachable: the key changed).
+`omni-ros cache` lists, prunes and clears the rest (cache_admin.py).
+
 `cache_root()`: `policy.cache_dir`, else $OMNI_ROS_CACHE_DIR, else $XDG_CACHE_HOME/omni_ros, else ~/.cache/omni_ros.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -27,10 +35,18 @@ import torch
 
 from omni_ros.cpu_features import CpuFeatures
 from omni_ros.file_hash import file_sha256
+from omni_ros.package_versions import package_versions
 
 logger = logging.getLogger("omni_ros.policy")
 MANIFEST = "manifest.json"
 FORMAT = 1
+# What builds and runs the cached programs: recorded in each manifest (`omni-ros cache prune` drops entries other
+# versions built; the keys themselves hash the versions, so this install never loads them).
+TOOLS = ("omni_ros", "torch", "executorch", "torchao")
+
+
+def tool_versions() -> dict[str, str]:
+    return package_versions(TOOLS)
 
 
 def cache_root(configured: str | None = None) -> Path:
@@ -65,10 +81,16 @@ def cpu_hash(cpu: CpuFeatures) -> str:
 class CacheEntry:
     """One cache folder: its files are valid only together with a manifest whose hashes they match."""
 
-    def __init__(self, root: Path, label: str, weights: str, cpu: CpuFeatures) -> None:
+    def __init__(
+        self, root: Path, label: str, weights: str, cpu: CpuFeatures, *, source: str | None = None, variant: str = ""
+    ) -> None:
+        """`source`: the checkpoint folder the build reads (None: a model from a preset or from memory, never
+        superseded); `variant`: what of it is built (the same source may hold several: a program with and without
+        a method)."""
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)[:40] or "model"
         self.folder = root / "kernels" / f"{safe}-{weights[:16]}-{cpu_hash(cpu)}"
-        self.weights, self.cpu = weights, cpu
+        self.label, self.weights, self.cpu = safe, weights, cpu
+        self.source, self.variant = source, variant
 
     def load(self) -> dict[str, Any] | None:
         """The manifest if every file it names is intact; None if absent; a corrupt one is removed, with a
@@ -87,6 +109,10 @@ class CacheEntry:
             logger.warning("kernel cache %s is corrupt (%s): rebuilding it", self.folder, exc)
             shutil.rmtree(self.folder, ignore_errors=True)
             return None
+        # The manifest's mtime is the entry's last use (`omni-ros cache prune --unused-days`); a read-only cache is
+        # still a cache.
+        with contextlib.suppress(OSError):
+            os.utime(path)
         return manifest
 
     def build(self, write: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
@@ -97,11 +123,34 @@ class CacheEntry:
         try:
             fields = write(tmp)
             files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-            manifest = {"format": FORMAT, "weights": self.weights, "cpu": self.cpu.key(), "files": files, **fields}
+            manifest = {"format": FORMAT, "weights": self.weights, "cpu": self.cpu.key(), "files": files}
+            manifest |= {"label": self.label, "source": self.source, "variant": self.variant}
+            manifest |= {"versions": tool_versions()}  # a builder's own `versions` (what its key hashed) wins
+            manifest |= {"built_at": round(time.time(), 1), **fields}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
             shutil.rmtree(self.folder, ignore_errors=True)
             os.replace(tmp, self.folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        self._remove_superseded()
         return manifest
+
+    def _remove_superseded(self) -> None:
+        """Remove the entries this build replaces: same label, source, variant and CPU, another key (older weights
+        or tools). Nothing loads them again: their key no longer matches anything this install computes."""
+        if self.source is None:
+            return
+        from omni_ros.policy.precision.cache_admin import scan
+
+        for old in scan(self.folder.parent.parent):
+            mine = (self.label, self.source, self.variant, self.cpu.key())
+            same = (old.label, old.source, old.variant, old.cpu) == mine
+            if same and old.folder != self.folder:
+                logger.info(
+                    "kernel cache: removing %s (%.0f MB), an earlier build of %s",
+                    old.folder,
+                    old.bytes / 1e6,
+                    old.source,
+                )
+                shutil.rmtree(old.folder, ignore_errors=True)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from omni_ros.cpu_features import CpuFeatures
+from omni_ros.package_versions import package_versions
 from omni_ros.policy.precision.int8_linear import Int8Linear
 from omni_ros.policy.precision.kernel_cache import CacheEntry, tensors_hash
 from omni_ros.policy.precision.xnnpack_mlp import MlpSpec, float_mlp
@@ -133,15 +134,7 @@ class XnnpackGroup:
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for package in ("torch", "executorch", "torchao"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            out[package] = "unknown"
-    return out
+    return package_versions(("torch", "executorch", "torchao"))
 
 
 def _write_program(
@@ -206,6 +199,7 @@ def attach_xnnpack(
     label: str,
     cpu: CpuFeatures,
     num_threads: int = 0,
+    source: str | None = None,
 ) -> Path:
     """Give every `Int8Linear` its XNNPACK method (built and cached on first use); returns the cache folder.
 
@@ -228,7 +222,7 @@ def attach_xnnpack(
         "mlps": [[spec.owner, *spec.linears, spec.activation] for spec in mlps],
     }
     weights = tensors_hash(tensors, meta)
-    entry = CacheEntry(cache_root, label, weights, cpu)
+    entry = CacheEntry(cache_root, label, weights, cpu, source=source, variant="int8-dynamic linears")
     manifest = entry.load()
     if manifest is None:
         # A warning, so that it shows at every log level: a first load pauses for minutes (163 s for the edge pi0).
