@@ -89,7 +89,7 @@ def cpu_facts() -> dict[str, Any]:
 
         choice = choose("auto")
         facts["precision_auto"] = choice.describe()
-        if choice.kernel == "xnnpack" and auto_program_refusal("pi0", detect(), {}, None) is None:
+        if choice.kernel == "xnnpack" and auto_program_refusal("pi0", detect(), {}) is None:
             # A pi0 / pi0.5 / SmolVLA checkpoint folder gets the int8 program (omni_ros/backends/stage_program.py).
             facts["precision_auto"] = replace(choice, kernel="program").describe() + " (checkpoint folders)"
     except ImportError:

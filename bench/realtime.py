@@ -4,7 +4,8 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
     .venv/bin/python bench/realtime.py [--checkpoint DIR] [--precisions fp32 bf16 int8] [--threads 1 2]
         [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--live-wait-policies passive brief]
         [--live-executors events single] [--compiled bf16 int8] [--live-compile off on] [--live-compiled]
-        [--int8-kernel auto|onednn|xnnpack|program] [--live-serve]
+        [--int8-kernel auto|onednn|xnnpack|program ...] [--offline-rtc-method guided|inpaint]
+        [--live-int8-kernels xnnpack program] [--live-serve]
         [--live-resume off on] [--live-rtc-method inpaint] [--live-program-processes child inline]
         [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
@@ -44,8 +45,14 @@ differentiating through the eager one). Each live run also records the chunks th
 compiled stages that served some call eager (`stages_run_eager`, from its log: empty, or the run's compiled figures
 are partly the eager stage's).
 
-`--int8-kernel` sets `policy.int8_kernel` for every row and the live run (`program`: the stages exported whole,
-which serves inpainting RTC only). `--live-serve` runs the live policy in `omni-ros serve` on 127.0.0.1 (its own
+`--int8-kernel` sets `policy.int8_kernel` for every row and the live run (`program`: the stages exported whole);
+given several, each int8 row is run once per kernel (keyed `int8_{kernel}_{threads}_threads`) and the live run
+takes the first, or one live run per `--live-int8-kernels` value (`live_by_int8_kernel`). `--offline-rtc-method`
+times the offline chunks as a node under `control.blending: rtc` asks for them: each with a real-time-chunking
+request continuing the previous chunk (inference delay 5 actions), the policy loaded for that method (`guided`:
+an int8 program with its traced guided step; per linear, autograd through the int8 layers).
+
+`--live-serve` runs the live policy in `omni-ros serve` on 127.0.0.1 (its own
 process, the same config's policy section, keymap canonical) and the node as its remote client, the server's
 cores reported beside the node's (`cores_busy`). In the node an exported program runs in a child process of the
 node (`policy.program_process: auto`), whose cores count as the node's; `--live-program-processes child inline`
@@ -81,6 +88,8 @@ SO101_JOINTS = 6  # config/sim_so101.yaml's arm: the bench's SmolVLA is built wi
 FOLDER = "smolvla_full"  # what scripts/lerobot_bench.py --policy smolvla writes
 SIM_CONFIG = ROOT / "config" / "sim_so101.yaml"
 WARMUP_CHUNKS = 3
+# --offline-rtc-method: the inference delay (actions) of each timed request, about what a 2 vCPU robot sees.
+RTC_DELAY = 5
 NOT_EXECUTED = re.compile(r"chunk \d+ not executed: (.*)")  # the policy node's warning for a refused chunk
 # omni_ros/policy/compiled_stages.py's warning when a compiled stage serves a call eager (once per stage).
 EAGER_STAGE = re.compile(r"compiled ([a-z ]+): (?:a call differs|a call would need|compilation failed)")
@@ -109,19 +118,35 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         precision=args.precision,
         cpu_linear="packed",
         compile=args.compile,
-        int8_kernel=args.int8_kernel,
+        int8_kernel=args.int8_kernel[0],
+        rtc_method=args.offline_rtc_method,
     )
     load_s = time.perf_counter() - start
     obs = observation(policy.metadata)
+    previous = [policy.infer(obs)["actions"]]
+
+    def infer() -> dict[str, Any]:
+        # Under RTC each chunk continues the one before it, as the executor asks (the guidance's backward pass
+        # is the cost of `guided`).
+        rtc = None
+        if args.offline_rtc_method:
+            from omni_ros.policy.rtc import RtcRequest
+
+            plan = previous[0][RTC_DELAY:]
+            rtc = RtcRequest(plan, inference_delay=RTC_DELAY, method=args.offline_rtc_method)
+        out = policy.infer(obs, rtc=rtc)
+        previous[0] = out["actions"]
+        return out
+
     # A robot runs chunk after chunk: warm up until the runner has settled its choices (the denoising steps'
     # threads are timed over the first 26 steps, about three chunks), then time the steady state.
     start = time.perf_counter()
-    policy.infer(obs)
+    infer()
     first_chunk_s = time.perf_counter() - start
     for _ in range(WARMUP_CHUNKS - 1):
-        policy.infer(obs)
+        infer()
     timings: list[dict[str, float]] = []
-    chunk_ms = median_ms(lambda: timings.append(policy.infer(obs)["policy_timing"]), args.runs, warmup=0)
+    chunk_ms = median_ms(lambda: timings.append(infer()["policy_timing"]), args.runs, warmup=0)
     stages = {k: round(float(np.median([t[k] for t in timings])), 1) for k in timings[0] if k.endswith("_ms")}
     return {
         "precision": policy.metadata.precision,
@@ -129,15 +154,20 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         "first_chunk_s": round(first_chunk_s, 1),
         "compiled": bool(args.compile),
         "chunk_ms": round(chunk_ms, 1),
+        "rtc_method": args.offline_rtc_method,
         "stages_ms": stages,
         "n_action_steps": policy.metadata.action_horizon,
     }
 
 
-def run_worker(args: argparse.Namespace, precision: str, threads: int, compiled: bool = False) -> dict[str, Any]:
+def run_worker(
+    args: argparse.Namespace, precision: str, threads: int, compiled: bool = False, kernel: str = "auto"
+) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--checkpoint", str(args.checkpoint), "--precision", precision]
     cmd += ["--threads", str(threads), "--runs", str(args.runs)] + (["--compile"] if compiled else [])
-    cmd += ["--int8-kernel", args.int8_kernel]
+    cmd += ["--int8-kernel", kernel]
+    if args.offline_rtc_method:
+        cmd += ["--offline-rtc-method", args.offline_rtc_method]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"worker {precision} x {threads} failed:\n{proc.stderr[-3000:]}")
@@ -227,6 +257,7 @@ def live(
     compile: str | None = None,
     resume: str = "on",
     program_process: str = "auto",
+    int8_kernel: str | None = None,
 ) -> dict[str, Any]:
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor
@@ -246,7 +277,7 @@ def live(
     sim_cameras = data["sim"]["cameras"]
     data["policy"] = {"checkpoint": str(Path(args.checkpoint).resolve()), "num_threads": 0}
     data["policy"]["precision"] = args.live_precision
-    data["policy"]["int8_kernel"] = args.int8_kernel
+    data["policy"]["int8_kernel"] = int8_kernel or args.int8_kernel[0]
     data["policy"]["program_process"] = program_process
     if wait_policy is not None:
         data["policy"]["omp_wait_policy"] = wait_policy
@@ -399,11 +430,22 @@ def live(
     }
 
 
+def _state_dims(folder: Path) -> int | None:
+    try:
+        features = json.loads((folder / "config.json").read_text())["input_features"]
+        return int(features["observation.state"]["shape"][0])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
 def ensure_checkpoint(args: argparse.Namespace) -> Path:
     work = Path(args.work_dir)
     folder = work / FOLDER
-    if not (folder / "config.json").is_file():
-        log(f"building the full-size SmolVLA with LeRobot in {folder} (once) ...")
+    dims = _state_dims(folder)
+    if dims != SO101_JOINTS:
+        # Another bench may have left a folder of other dims here: the live run needs the SO-101's.
+        said = "" if dims is None else f" (the one there has {dims} state dims, the SO-101 {SO101_JOINTS} joints)"
+        log(f"building the full-size SmolVLA with LeRobot in {folder}{said} ...")
         script = ROOT / "scripts" / "lerobot_bench.py"
         # The SO-101's 6 joints in and out, so the live part can drive the simulator with this very folder.
         cmd = [args.lerobot_python, str(script), "--policy", "smolvla", "--out", str(work), "--runs", "1"]
@@ -460,9 +502,22 @@ def main() -> int:
     )
     parser.add_argument(
         "--int8-kernel",
-        default="auto",
+        nargs="+",
+        default=["auto"],
         help="policy.int8_kernel of every int8 row and the live run (default auto; program: the stages exported "
-        "whole on the first load, so use --live-rtc-method inpaint)",
+        "whole on the first load); several: each int8 row once per kernel, the live run with the first",
+    )
+    parser.add_argument(
+        "--offline-rtc-method",
+        choices=["guided", "inpaint"],
+        help="time the offline chunks with a real-time-chunking request each (continuing the previous chunk, "
+        "delay 5 actions), the policy loaded for that method; default: plain chunks",
+    )
+    parser.add_argument(
+        "--live-int8-kernels",
+        nargs="+",
+        choices=["auto", "onednn", "xnnpack", "program"],
+        help="one live run per policy.int8_kernel value (live_by_int8_kernel)",
     )
     parser.add_argument(
         "--live-program-processes",
@@ -500,15 +555,19 @@ def main() -> int:
         "offline": {},
     }
     rows = [(p, False) for p in args.precisions] + [(p, True) for p in args.compiled]
+    kernels = args.int8_kernel
+    rows = [(p, c, k) for p, c in rows for k in (kernels if p == "int8" else kernels[:1])]
+    report["offline_rtc_method"] = args.offline_rtc_method
     for threads in args.threads:
-        for precision, compiled in rows:
-            log(f"{precision}{' compiled' if compiled else ''} at {threads} thread(s) ...")
-            row = run_worker(args, precision, threads, compiled)
+        for precision, compiled, kernel in rows:
+            log(f"{precision}{' compiled' if compiled else ''} ({kernel}) at {threads} thread(s) ...")
+            row = run_worker(args, precision, threads, compiled, kernel)
             execution_ms = 1e3 * row["n_action_steps"] / args.fps
             row["execution_ms"] = round(execution_ms, 1)
             row["chunk_over_execution"] = round(row["chunk_ms"] / execution_ms, 3)
             row["realtime"] = row["chunk_ms"] < execution_ms
-            report["offline"][f"{precision}{'_compiled' if compiled else ''}_{threads}_threads"] = row
+            named = f"_{kernel}" if precision == "int8" and len(kernels) > 1 else ""
+            report["offline"][f"{precision}{named}{'_compiled' if compiled else ''}_{threads}_threads"] = row
             log(f"  {row['chunk_ms']:.0f} ms per chunk vs {execution_ms:.0f} ms of motion ({row['precision']})")
     if not args.skip_live and args.live_seconds > 0:
         # One live run per variant asked for (the first is `live`), else one with the product's defaults.
@@ -517,9 +576,10 @@ def main() -> int:
         variants += [("compile", c) for c in args.live_compile or []]
         variants += [("resume", r) for r in args.live_resume or []]
         variants += [("program_process", r) for r in args.live_program_processes or []]
+        variants += [("int8_kernel", k) for k in args.live_int8_kernels or []]
         runs = {(kind, value): live(args, **{kind: value}) for kind, value in variants or [("wait_policy", None)]}
         report["live"] = next(iter(runs.values()))
-        kinds = ("wait_policy", "executor", "compile", "resume", "program_process")
+        kinds = ("wait_policy", "executor", "compile", "resume", "program_process", "int8_kernel")
         for kind, key in ((k, f"live_by_{k}") for k in kinds):
             if any(k == kind for k, _ in variants):
                 report[key] = {value: run for (k, value), run in runs.items() if k == kind}

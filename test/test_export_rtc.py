@@ -91,12 +91,15 @@ def test_without_the_guided_step_a_program_offers_inpainting_only(tmp_path_facto
     np.testing.assert_allclose(out[:3], plan[:3], atol=1e-5)
 
 
-def test_quantized_and_qnn_programs_refuse_the_guided_step(tmp_path):
-    with pytest.raises(ValueError, match="float32 for xnnpack or cuda only"):
-        export_policy(
-            Pi0Model(preset("tiny")),
-            NormStats.identity(8, 8),
-            tmp_path / "x.pte",
-            quantize="int8-dynamic",
-            methods=(*STAGED, "guided_step"),
-        )
+def test_int4_and_onnx_programs_refuse_the_guided_step(tmp_path):
+    # (int8-dynamic holds it: test_stage_program.py and test_export_smolvla.py run it)
+    for target, quantize in (("xnnpack", "8da4w"), ("onnx", "none")):
+        with pytest.raises(ValueError, match="xnnpack \\(float32 or int8-dynamic\\) and cuda"):
+            export_policy(
+                Pi0Model(preset("tiny")),
+                NormStats.identity(8, 8),
+                tmp_path / "x.pte",
+                target=target,
+                quantize=quantize,
+                methods=(*STAGED, "guided_step"),
+            )

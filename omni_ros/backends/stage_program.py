@@ -19,7 +19,9 @@ progress in this log.
 
 `int8_kernel: auto` picks it where `auto`'s kernel would be XNNPACK per linear on an x86 CPU (VNNI, no AMX) and
 the load allows it (`auto_program_refusal`: a pi0 / pi0.5 / SmolVLA folder, no `policy.compile`, no tokenizer
-outside the folder, no guided real-time chunking: the exported step has no autograd). The first load exports the
+outside the folder). A caller under guided real-time chunking (the node with `control.rtc.method: guided`) gets
+the program with its guided step too (export/rtc_step.py: the backward pass traced and its products int8 as
+well), a cache entry of its own; without it the program serves RTC by inpainting. The first load exports the
 whole model (about 50 s for a tiny fixture, 139 s for the edge pi0 on that CPU, about 5 minutes for a full-size
 SmolVLA; the per-linear kernels took 163 and 355 s to build there). ExecuTorch's Python binding holds the GIL
 while a method runs, so where a control loop shares the process (the policy node) the program runs in a child
@@ -43,7 +45,7 @@ from omni_ros.cpu_features import CpuFeatures
 from omni_ros.export.sidecar import runtime_versions
 from omni_ros.file_hash import file_sha256
 from omni_ros.policy.layouts.common import CheckpointError
-from omni_ros.policy.methods import StagePlan
+from omni_ros.policy.methods import GUIDED_STEP, StagePlan
 from omni_ros.policy.pipeline import InferencePipeline
 from omni_ros.policy.precision.choice import PrecisionChoice, PrecisionError
 from omni_ros.policy.precision.kernel_cache import CacheEntry, cache_root
@@ -116,8 +118,8 @@ def load_checkpoint(
     stage program on the ExecuTorch runner (what the node, `serve` and `eval` load through the backend factory).
 
     `program_process`: that program runs in a child process (program_process.py: the policy node's control loop
-    keeps the GIL). `rtc_method`: the real-time-chunking method the caller will ask for; `int8_kernel: auto` picks
-    the program only where it serves it (inpainting; guided RTC needs the per-linear kernel's autograd).
+    keeps the GIL). `rtc_method`: the real-time-chunking method the caller will ask for; "guided" exports the
+    program with its guided step (a traced backward pass: export/rtc_step.py), a cache entry of its own.
     """
     from omni_ros.policy.loading import load, resolve_precision
 
@@ -129,14 +131,15 @@ def load_checkpoint(
     )
     if choice.kernel == "xnnpack" and options.get("int8_kernel", "auto") == "auto":
         plan = _stage_plan(Path(path))
-        why_not = auto_program_refusal(plan.family, cpu_features.detect(), options, rtc_method)
+        why_not = auto_program_refusal(plan.family, cpu_features.detect(), options)
         if why_not is not None:
             logger.info("int8 kernel: XNNPACK per linear, not the int8 program: %s", why_not)
             return load(path, **options)
         from omni_ros.policy.precision.xnnpack_build import KernelBuildError
 
         try:
-            return _program_policy(Path(path), plan, replace(choice, kernel="program"), options, program_process)
+            program = replace(choice, kernel="program")
+            return _program_policy(Path(path), plan, program, options, program_process, rtc_method)
         except KernelBuildError as exc:
             # Chosen by `auto`, not asked for: a checkpoint whose export fails is still served, per linear.
             logger.warning(
@@ -156,15 +159,17 @@ def load_checkpoint(
             "policy.int8_kernel program exports the checkpoint folder as it is; a policy.tokenizer beside it is not "
             "exported: put the tokenizer in the folder, or set policy.int8_kernel auto"
         )
-    return _program_policy(Path(path), _stage_plan(Path(path)), choice, options, program_process)
+    return _program_policy(Path(path), _stage_plan(Path(path)), choice, options, program_process, rtc_method)
 
 
-def auto_program_refusal(family: str, cpu: CpuFeatures, options: dict[str, Any], rtc_method: str | None) -> str | None:
+def auto_program_refusal(family: str, cpu: CpuFeatures, options: dict[str, Any]) -> str | None:
     """Why `int8_kernel: auto` keeps the per-linear XNNPACK kernel instead of the int8 program (None: it need not).
 
     The program ran the edge pi0's chunk 1.7x faster than the per-linear kernel at 2 threads on an x86 CPU with
-    VNNI and no AMX (158 vs 268 ms, bench/results/vs_lerobot_program_vnni.json and vs_lerobot_vnni.json); on Arm
-    CPUs it is unmeasured, so the per-linear kernel stays there."""
+    VNNI and no AMX (158 vs 268 ms, bench/results/vs_lerobot_program_vnni.json and vs_lerobot_vnni.json), and
+    under guided real-time chunking (its traced guided step against autograd through the per-linear kernels)
+    faster still (bench/results/realtime_guided_pi0_edge_vnni.json); on Arm CPUs it is unmeasured, so the
+    per-linear kernel stays there."""
     if cpu.arch != "x86_64":
         return f"the program is measured on x86 CPUs only (this one: {cpu.arch})"
     if family not in PROGRAM_FAMILIES:
@@ -173,8 +178,6 @@ def auto_program_refusal(family: str, cpu: CpuFeatures, options: dict[str, Any],
         return "policy.compile compiles the torch stages"
     if options.get("tokenizer") is not None:
         return "policy.tokenizer lies outside the checkpoint folder the program is exported from"
-    if rtc_method == "guided":
-        return "guided real-time chunking needs autograd through the denoising step (an exported program has none)"
     return None
 
 
@@ -187,7 +190,12 @@ def _stage_plan(path: Path) -> StagePlan:
 
 
 def _program_policy(
-    path: Path, plan: StagePlan, choice: PrecisionChoice, options: dict[str, Any], program_process: bool
+    path: Path,
+    plan: StagePlan,
+    choice: PrecisionChoice,
+    options: dict[str, Any],
+    program_process: bool,
+    rtc_method: str | None = None,
 ) -> InferencePipeline:
     import torch
 
@@ -201,7 +209,9 @@ def _program_policy(
             f"{', '.join(PROGRAM_FAMILIES.values())}); set policy.int8_kernel auto (its int8 linears run per layer)"
         )
     label = options.get("name") or path.name
-    pte = stage_program(path, plan.staged, cache_dir=options.get("cache_dir"), label=label, cpu=cpu_features.detect())
+    # Guided RTC needs the traced guided step; without it the program serves RTC by inpainting only.
+    methods = (*plan.staged, GUIDED_STEP) if rtc_method == "guided" and GUIDED_STEP in plan.optional else plan.staged
+    pte = stage_program(path, methods, cache_dir=options.get("cache_dir"), label=label, cpu=cpu_features.detect())
     policy = load_pte(
         pte,
         seed=options.get("seed", 0),

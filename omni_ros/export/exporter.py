@@ -12,7 +12,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,6 +41,10 @@ class ExportResult:
     seconds: float
     bytes: int
     timings: dict[str, float] = field(default_factory=dict)
+
+
+# (target, quantize) pairs whose programs can hold the guided RTC step (a traced backward pass).
+GUIDED_TARGETS = (("xnnpack", "none"), ("xnnpack", "int8-dynamic"), ("cuda", "none"))
 
 
 def check_export_target(target: str, quantize: str, qnn: QnnOptions | None = None) -> None:
@@ -87,7 +91,7 @@ def export_policy(
     rtc: bool = False,
 ) -> ExportResult:
     """Export `methods` (default: all of the model family's) of `model` to `out` (.pte) and write `out`.json.
-    `rtc` adds the guided real-time-chunking step (float32 xnnpack / cuda).
+    `rtc` adds the guided real-time-chunking step (xnnpack: float32 or int8-dynamic; cuda: float32).
 
     The model is copied, switched to its export forms and quantized; the caller's model is untouched.
     For the ONNX targets `out` is a folder; qnn-onnx calibrates on `calibration` (auto, sim, spec, random or a dataset).
@@ -99,10 +103,11 @@ def export_policy(
     if rtc and GUIDED_STEP not in methods:
         methods = (*methods, GUIDED_STEP)
     plan.check_methods(methods)
-    if GUIDED_STEP in methods and (target not in ("xnnpack", "cuda") or quantize != "none"):
+    if GUIDED_STEP in methods and (target, quantize) not in GUIDED_TARGETS:
         raise ValueError(
-            f"method {GUIDED_STEP} (guided real-time chunking) is exported in float32 for xnnpack or cuda only; "
-            "QNN, ONNX and quantized programs use hard prefix inpainting (control.rtc.method: inpaint)"
+            f"method {GUIDED_STEP} (guided real-time chunking) is exported for xnnpack (float32 or int8-dynamic) and "
+            "cuda (float32) only; QNN, ONNX and other quantizations use hard prefix inpainting (control.rtc.method: "
+            "inpaint)"
         )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +117,8 @@ def export_policy(
         return _export_onnx(model, norm_stats, out, target, methods, steps, name, tokenizer_file, qnn, calibration)
     timings: dict[str, float] = {}
     work = use_export_forms(copy.deepcopy(model).float().eval())
+    # A quantized guided step is traced in float32 and quantized after (rtc_step.py says why).
+    float_work = copy.deepcopy(work) if GUIDED_STEP in methods and quantize != "none" else work
     target_options: dict[str, Any] = {}
     with warnings.catch_warnings():
         # torch.export and the lowering passes are chatty about internals we do not control.
@@ -129,9 +136,11 @@ def export_policy(
             for method in methods:
                 t0 = time.perf_counter()
                 inputs = tuple(x.to(device) for x in plan.example_inputs(sigs[method], cfg))
-                # (check_methods allows guided_step for the pi0 family only)
-                guided = method == GUIDED_STEP
-                module = GuidedStep(cast(Any, work), inputs) if guided else plan.module(work, method, steps)
+                # (check_methods allows guided_step for the families whose plan lists it as optional)
+                if method == GUIDED_STEP:
+                    module: nn.Module = GuidedStep(float_work, plan, inputs, quantize=quantize)
+                else:
+                    module = plan.module(work, method, steps)
                 with torch.no_grad():
                     programs[method] = torch.export.export(module, inputs)
                 timings[f"export_{method}_s"] = time.perf_counter() - t0

@@ -88,7 +88,8 @@ class PolicyConfig:
     # it serves the checkpoint, else XNNPACK per linear; XNNPACK per linear on Arm CPUs), onednn (torch's
     # _int_mm), xnnpack (ExecuTorch's XNNPACK delegate per linear, built on first load and cached) or program (a
     # checkpoint folder's stages exported whole to one XNNPACK int8 program on first load and cached: attention
-    # and glue inside XNNPACK too; pi0, pi0.5 and SmolVLA; RTC by inpainting only; omni_ros/backends/stage_program.py).
+    # and glue inside XNNPACK too; pi0, pi0.5 and SmolVLA; RTC by inpainting, guided with the program's traced guided
+    # step where control.rtc.method is guided; omni_ros/backends/stage_program.py).
     int8_kernel: Literal["auto", "onednn", "xnnpack", "program"] = "auto"
     # Where an ExecuTorch program (backend executorch, int8_kernel program) runs: child (a process of its own, so
     # it never holds this process's GIL: ExecuTorch's Python binding keeps it while a method runs, which stalls a

@@ -31,7 +31,8 @@ VARIANTS = {
 SMOLVLA_STAGED = ("encode_image", "prefill", "denoise_step")
 SMOLVLA_VARIANTS = {
     "fp32": {"quantize": "none", "methods": SMOLVLA_STAGED},
-    "int8": {"quantize": "int8-dynamic", "methods": SMOLVLA_STAGED},
+    # With the guided RTC step: the int8 program `auto` exports for a node under guided RTC.
+    "int8": {"quantize": "int8-dynamic", "methods": (*SMOLVLA_STAGED, "guided_step")},
 }
 
 

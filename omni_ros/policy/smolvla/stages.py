@@ -5,6 +5,8 @@
                                                                       layers' already through the expert's k/v)
     denoise_step(prefix_mask, x_t, t, k_0, v_0, ...)               -> velocity
     sample(images, image_masks, tokens, token_mask, state, noise)  -> actions        (the whole loop, fused)
+    guided_step(prefix_mask, x_t, t, target, weights, weight, k_0, v_0, ...) -> guided velocity (optional:
+                                                                      `omni-ros export --rtc`, export/rtc_step.py)
 
 One camera per `encode_image` call: the staged runtime encodes only the cameras an observation has (a missing
 camera's slot gets zeros, masked out of the prefix), so the vision cost follows the cameras present. The fused
@@ -22,6 +24,7 @@ from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.methods import (
+    GUIDED_STEP,
     MethodSignature,
     RunMethod,
     SampleFn,
@@ -144,8 +147,8 @@ def run_staged(
     def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return run("denoise_step", [prefix_mask, x, t, *cache])[0]
 
-    def guided(*_: torch.Tensor) -> torch.Tensor:
-        raise ValueError("SmolVLA programs have no guided RTC step; they serve RTC by hard inpainting")
+    def guided(x: torch.Tensor, t: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, weight: torch.Tensor):
+        return run(GUIDED_STEP, [prefix_mask, x, t, target, weights, weight, *cache])[0]
 
     actions = euler_sample(velocity, noise, num_steps, cfg.euler_time) if sample is None else sample(velocity, guided)
     clock.lap("denoise_ms")
@@ -161,4 +164,5 @@ SMOLVLA = StagePlan(
     example_inputs=smolvla_example_inputs,
     run_staged=run_staged,
     fused_inputs=lambda cfg, inputs: list(static_prompt(cfg, inputs).as_tuple()),
+    optional=(GUIDED_STEP,),
 )
