@@ -560,7 +560,8 @@ def main() -> int:
     report["offline_rtc_method"] = args.offline_rtc_method
     for threads in args.threads:
         for precision, compiled, kernel in rows:
-            log(f"{precision}{' compiled' if compiled else ''} ({kernel}) at {threads} thread(s) ...")
+            named = f" ({kernel})" if precision == "int8" else ""
+            log(f"{precision}{' compiled' if compiled else ''}{named} at {threads} thread(s) ...")
             row = run_worker(args, precision, threads, compiled, kernel)
             execution_ms = 1e3 * row["n_action_steps"] / args.fps
             row["execution_ms"] = round(execution_ms, 1)

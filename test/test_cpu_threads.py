@@ -170,3 +170,50 @@ def test_denoising_steps_take_the_threads_their_timing_chose(torch_one_thread):
     assert sorted(seen[:4]) == [1, 1, 2, 2] and chooser.chosen in (1, 2)  # two timings each, then the faster
     assert seen[4:] == [chooser.chosen] * (2 * steps - 4)
     assert torch.get_num_threads() == 2
+
+
+def test_guided_rtc_steps_are_timed_whole_on_their_own_threads(torch_one_thread):
+    """A guided RTC step (forward and its backward pass) is timed apart from plain steps, as a whole, on one torch
+    thread and on all of them, and the faster runs later guided steps; the chunk is the one computed on the threads
+    as set (float sums in another order: within 1e-5)."""
+    import numpy as np
+    import torch
+
+    from omni_ros.backends.factory import load_policy
+    from omni_ros.config import PolicyConfig
+    from omni_ros.cpu_threads import StepThreads
+    from omni_ros.policy.rtc import RtcRequest
+
+    torch.set_num_threads(2)
+    policy = load_policy(PolicyConfig(preset="tiny", precision="fp32"))
+    runner = policy.runner
+    assert runner.guided_step_threads is not None and runner.guided_step_threads.candidates == (1, 2)
+    meta = policy.metadata
+    images = {name: np.zeros((48, 64, 3), np.uint8) for name in meta.camera_names}
+    obs = {"images": images, "state": np.zeros(meta.state_dim, np.float32), "prompt": "reach"}
+    noise = np.random.default_rng(0).normal(size=(meta.action_horizon, meta.action_dim)).astype(np.float32)
+    plan = policy.infer(obs, noise=noise)["actions"][3:] + 0.2
+    request = RtcRequest(plan, inference_delay=3)
+
+    seen: list[int] = []
+    real = runner.model.denoise_step
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    runner.model.denoise_step = spy
+    runner.guided_step_threads = None  # the threads as set: the baseline
+    baseline = policy.infer(obs, noise=noise, rtc=request)["actions"]
+    steps = len(seen)
+    assert steps >= 3 and seen == [2] * steps
+    runner.guided_step_threads = chooser = StepThreads((1, 2), samples=2, warmup=0)
+    seen.clear()
+    first = policy.infer(obs, noise=noise, rtc=request)["actions"]
+    second = policy.infer(obs, noise=noise, rtc=request)["actions"]
+    assert sorted(seen[:4]) == [1, 1, 2, 2] and chooser.chosen in (1, 2)
+    assert seen[4:] == [chooser.chosen] * (2 * steps - 4)
+    assert runner.step_threads is not None and not any(runner.step_threads.timings.values())  # plain: untouched
+    np.testing.assert_allclose(first, baseline, atol=1e-5)
+    np.testing.assert_allclose(second, baseline, atol=1e-5)
+    assert torch.get_num_threads() == 2

@@ -131,13 +131,36 @@ def guided_velocity(
         # No guidance: exactly the plain step, and no backward pass to pay for.
         with torch.no_grad():
             return velocity(x_t, t)
+    return _vjp_step(velocity, x_t, t, target, weights, w)
+
+
+def _vjp_step(
+    velocity: VelocityFn,
+    x_t: torch.Tensor,
+    t: torch.Tensor,
+    target: torch.Tensor,
+    weights: torch.Tensor,
+    w: torch.Tensor,
+) -> torch.Tensor:
+    """u - w * [(Y - x0) * W]^T dx0/dx_t by autograd, w (B,) the guidance weight."""
     with torch.enable_grad():
         x = x_t.detach().requires_grad_(True)
         u = velocity(x, t)
         x0 = x - t.reshape(t.shape[0], 1, 1).to(x.dtype) * u
         error = (target.to(x.dtype) - x0) * _broadcast_weights(weights, x)
         (g,) = torch.autograd.grad(x0, x, error)
-    return (u - w[:, None, None] * g).detach()
+    return (u - w.to(x.dtype)[:, None, None] * g).detach()
+
+
+def autograd_guided_step(velocity: VelocityFn) -> GuidedStepFn:
+    """`guided_velocity`'s step (forward and backward) as a GuidedStepFn: what a runner hands `rtc_sample` to run
+    each whole guided step its own way (e.g. on the torch threads timed fastest for it, cpu_threads.StepThreads)."""
+
+    def step(x: torch.Tensor, t: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, w: torch.Tensor):
+        _refuse_inference_mode()
+        return _vjp_step(velocity, x, t, target, weights, w)
+
+    return step
 
 
 # (x_t (B, H, D), t (B,)) -> the network's clean estimate x0_hat (B, H, D): the network of a sampler that

@@ -28,7 +28,7 @@ from omni_ros.policy.image_threads import use_image_threads
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.pipeline import Sampled, StageClock
 from omni_ros.policy.precision import PrecisionChoice, apply_precision
-from omni_ros.policy.rtc import METHODS, RtcPlan, rtc_sample
+from omni_ros.policy.rtc import METHODS, RtcPlan, autograd_guided_step, rtc_sample
 from omni_ros.policy.sampler import euler_sample
 
 
@@ -145,6 +145,10 @@ class TorchRunner:
         # bench/results/step_threads.json).
         threads = torch.get_num_threads()
         self.step_threads = StepThreads((1, threads)) if self.device.type == "cpu" and threads > 1 else None
+        # A guided RTC step (forward and backward through float products) is timed apart: on the AMD EPYC with
+        # VNNI the edge pi0's ten guided int8 steps took 1,100 ms on 2 threads against 559 on one
+        # (bench/results/realtime_guided_pi0_edge_vnni.json, per-linear kernels).
+        self.guided_step_threads = StepThreads((1, threads)) if self.device.type == "cpu" and threads > 1 else None
         # The vision towers, the prefill and the denoising step compiled by TorchInductor on the first inference
         # (omni_ros/policy/compiled_stages.py); every camera slot and prompt token kept, so that each observation
         # gives the graphs their shapes. A graph keeps the thread count it was compiled for, so the step's is chosen
@@ -222,11 +226,18 @@ class TorchRunner:
             # but ten steps of bfloat16 accumulation would cost the chunk its precision.
             return denoise_step(cache, prefix_mask, inputs.state, x.to(dtype), t.to(dtype)).float()
 
-        # Guided steps differentiate through float products: their threads stay as set, and out of the timing.
+        # A guided step's forward runs inside its backward's timing (guided_step below), not on its own.
         timed = None if guided else self.step_threads
 
         def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             return step(x, t) if timed is None else timed.step(lambda: step(x, t))
+
+        guided_step = None
+        if guided and self.guided_step_threads is not None:
+            by_autograd, guided_timed = autograd_guided_step(velocity), self.guided_step_threads
+
+            def guided_step(x: torch.Tensor, t: torch.Tensor, *guidance: torch.Tensor) -> torch.Tensor:
+                return guided_timed.step(lambda: by_autograd(x, t, *guidance))
 
         with torch.no_grad() if guided else torch.inference_mode():
             clock = StageClock(self._sync)
@@ -251,7 +262,8 @@ class TorchRunner:
                 )
             else:
                 clean = getattr(getattr(model, "cfg", None), "rtc_max_delay", 0) > 0
-                chunk = rtc_sample(velocity, noise.float(), num_steps, rtc.target.float(), rtc.request, clean)
+                target = rtc.target.float()
+                chunk = rtc_sample(velocity, noise.float(), num_steps, target, rtc.request, clean, guided_step)
             actions = chunk.detach().cpu().numpy()
             clock.lap("denoise_ms")
         for stage in self.compiled_stages:
