@@ -41,8 +41,8 @@ def load_policy(
 
     `control_loop`: a control loop shares this process (the policy node), so `policy.program_process: auto` runs
     an ExecuTorch program in a child process. `rtc_method`: the real-time-chunking method the caller will ask for
-    (the node's `control.rtc.method` under `blending: rtc`); `auto` kernels serve it (an exported int8 program
-    has no guided RTC, so auto keeps the per-linear kernel then).
+    (the node's `control.rtc.method` under `blending: rtc`); an int8 program exported for it carries the guided
+    step where that is "guided".
     """
     # Before the backend imports torch where it can (the CLI and nodes did it already): threads and waiting.
     cpu_threads.configure(config)

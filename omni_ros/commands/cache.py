@@ -30,9 +30,9 @@ def _when(stamp: float | None) -> str:
 def _table(rows: list[tuple[CachedBuild, str | None]]) -> None:
     print(f"{'last used':16}  {'built':16}  {'MB':>7}  {'kind':16}  what / why it can go")
     for b, why in rows:
-        kind = "unfinished build" if b.unfinished else b.kind
-        what = b.source or "(checkpoint not recorded)"
-        print(f"{_when(b.last_used):16}  {_when(b.built_at):16}  {b.bytes / 1e6:7.1f}  {kind:16}  {what}")
+        what = b.field("source") or "(checkpoint not recorded)"
+        built = _when(b.field("built_at"))
+        print(f"{_when(b.last_used):16}  {built:16}  {b.bytes / 1e6:7.1f}  {b.kind:16}  {what}")
         print(f"{'':62}{b.folder}" + (f"\n{'':62}can go: {why}" if why else ""))
 
 
@@ -67,33 +67,32 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_prune(args: argparse.Namespace) -> int:
-    from omni_ros.policy.precision.cache_admin import remove, scan
+def _remove(args: argparse.Namespace, root: Path, plan: list[tuple[CachedBuild, str | None]]) -> int:
+    """Remove (or, with --dry-run, name) the builds of `plan`, each with why where there is a why."""
+    from omni_ros.policy.precision.cache_admin import remove
 
-    root = _root(args)
-    plan = _plan(args, scan(root))
     for build, why in plan:
-        print(f"{'would remove' if args.dry_run else 'removing'} {build.folder} ({build.bytes / 1e6:.0f} MB): {why}")
+        said = f"{'would remove' if args.dry_run else 'removing'} {build.folder} ({build.bytes / 1e6:.0f} MB)"
+        print(said + (f": {why}" if why else ""))
         if not args.dry_run:
             remove(build)
-    freed = sum(b.bytes for b, _ in plan)
     verb = "would free" if args.dry_run else "freed"
-    print(f"{len(plan)} entries, {verb} {freed / 1e6:.0f} MB in {root / 'kernels'}")
+    print(f"{len(plan)} entries, {verb} {sum(b.bytes for b, _ in plan) / 1e6:.0f} MB in {root / 'kernels'}")
     return 0
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    from omni_ros.policy.precision.cache_admin import scan
+
+    root = _root(args)
+    return _remove(args, root, list(_plan(args, scan(root))))
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    from omni_ros.policy.precision.cache_admin import remove, scan
+    from omni_ros.policy.precision.cache_admin import scan
 
     root = _root(args)
-    builds = scan(root)
-    for build in builds:
-        print(f"{'would remove' if args.dry_run else 'removing'} {build.folder} ({build.bytes / 1e6:.0f} MB)")
-        if not args.dry_run:
-            remove(build)
-    verb = "would free" if args.dry_run else "freed"
-    print(f"{len(builds)} entries, {verb} {sum(b.bytes for b in builds) / 1e6:.0f} MB in {root / 'kernels'}")
-    return 0
+    return _remove(args, root, [(build, None) for build in scan(root)])
 
 
 def _prune_options(p: argparse.ArgumentParser) -> None:

@@ -25,12 +25,15 @@ KINDS = {"stages.pte": "int8 program", "linears.pte": "int8 linears"}
 
 @dataclass(frozen=True)
 class CachedBuild:
-    """One folder under `<cache_dir>/kernels` and what its manifest says (None where it has no readable one)."""
+    """One folder under `<cache_dir>/kernels` and what its manifest says (read once, by `scan`)."""
 
     folder: Path
     bytes: int
-    manifest: dict[str, Any] | None
+    manifest: dict[str, Any] | None  # None: no readable one
     last_used: float  # the manifest's mtime: a load touches it
+    # The tool versions that built it: the manifest's, else (entries from before manifests recorded them) an int8
+    # program's sidecar's; None where neither says.
+    versions: dict[str, str] | None
 
     @property
     def unfinished(self) -> bool:
@@ -38,61 +41,33 @@ class CachedBuild:
 
     @property
     def kind(self) -> str:
-        files = (self.manifest or {}).get("files", {})
+        if self.unfinished:
+            return "unfinished build"
+        files = self.field("files") or {}
         return next((kind for name, kind in KINDS.items() if name in files), "unknown")
 
-    def _get(self, key: str) -> Any:
+    def field(self, key: str) -> Any:
+        """The manifest's `key` (label, source, variant, cpu, built_at, ...), None where it has none."""
         return (self.manifest or {}).get(key)
-
-    @property
-    def label(self) -> str | None:
-        return self._get("label")
-
-    @property
-    def source(self) -> str | None:
-        return self._get("source")
-
-    @property
-    def variant(self) -> str:
-        return self._get("variant") or ""
-
-    @property
-    def cpu(self) -> str | None:
-        return self._get("cpu")
-
-    @property
-    def built_at(self) -> float | None:
-        return self._get("built_at")
-
-    @property
-    def versions(self) -> dict[str, str] | None:
-        """The tool versions that built it: the manifest's, else (entries of before they were recorded) an int8
-        program's sidecar's; None where neither says."""
-        if self._get("versions"):
-            return dict(self._get("versions"))
-        try:
-            sidecar = json.loads((self.folder / "stages.pte.json").read_text(encoding="utf-8"))
-            return dict(sidecar["versions"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary (`omni-ros cache list --json`)."""
-        return {
-            "folder": str(self.folder),
-            "kind": "unfinished build" if self.unfinished else self.kind,
-            "megabytes": round(self.bytes / 1e6, 1),
-            "source": self.source,
-            "cpu": self.cpu,
-            "versions": self.versions,
-            "built_at": self.built_at,
-            "last_used": self.last_used,
-            "build_seconds": self._get("build_seconds"),
-        }
+        summary = {"folder": str(self.folder), "kind": self.kind, "megabytes": round(self.bytes / 1e6, 1)}
+        summary |= {key: self.field(key) for key in ("source", "cpu", "built_at", "build_seconds")}
+        return summary | {"versions": self.versions, "last_used": self.last_used}
 
 
 def _size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _versions(folder: Path, manifest: dict[str, Any] | None) -> dict[str, str] | None:
+    if manifest and manifest.get("versions"):
+        return dict(manifest["versions"])
+    try:
+        return dict(json.loads((folder / "stages.pte.json").read_text(encoding="utf-8"))["versions"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def scan(root: Path) -> list[CachedBuild]:
@@ -110,7 +85,7 @@ def scan(root: Path) -> list[CachedBuild]:
             last_used = path.stat().st_mtime
         except (OSError, ValueError):
             manifest, last_used = None, folder.stat().st_mtime
-        builds.append(CachedBuild(folder, _size(folder), manifest, last_used))
+        builds.append(CachedBuild(folder, _size(folder), manifest, last_used, _versions(folder, manifest)))
     return sorted(builds, key=lambda b: b.last_used)
 
 
@@ -136,8 +111,8 @@ def stale_reason(
     if changed:
         said = ", ".join(f"{k} {built_by[k]} (installed: {versions.get(k, '-')})" for k in changed if built_by)
         return f"built by other tools, {said}: this install never loads it"
-    if other_cpus and build.cpu != cpu_key:
-        return f"built for another CPU ({build.cpu})"
+    if other_cpus and build.field("cpu") != cpu_key:
+        return f"built for another CPU ({build.field('cpu')})"
     if unused_days is not None and now - build.last_used > unused_days * 86400:
         return f"unused for {(now - build.last_used) / 86400:.0f} days"
     return None

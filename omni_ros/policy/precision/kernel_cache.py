@@ -10,7 +10,7 @@ warning, never loaded: ExecuTorch's runtime can abort the process on a malformed
 
 The manifest also says where the build came from (`source`: the checkpoint folder, resolved; `variant`: what was
 built of it) and when; a load touches it, so its mtime is the entry's last use. A finished build removes the
-entries it supersedes: the same source, variant and CPU built earlier (a checkpoint retrained in place, or a tool
+entries it supersedes: the same label, source, variant and CPU built earlier (a checkpoint retrained in place, or a tool
 upgrade, leaves its old builds, 0.5 GB each for a full-size SmolVLA program, unreachable: the key changed).
 `omni-ros cache` lists, prunes and clears the rest (cache_admin.py).
 
@@ -143,14 +143,14 @@ class CacheEntry:
             return
         from omni_ros.policy.precision.cache_admin import scan
 
+        mine = (self.label, self.source, self.variant, self.cpu.key())
         for old in scan(self.folder.parent.parent):
-            mine = (self.label, self.source, self.variant, self.cpu.key())
-            same = (old.label, old.source, old.variant, old.cpu) == mine
+            same = tuple(old.field(key) for key in ("label", "source", "variant", "cpu")) == mine
             if same and old.folder != self.folder:
                 logger.info(
                     "kernel cache: removing %s (%.0f MB), an earlier build of %s",
                     old.folder,
                     old.bytes / 1e6,
-                    old.source,
+                    self.source,
                 )
                 shutil.rmtree(old.folder, ignore_errors=True)
