@@ -1,7 +1,7 @@
 """omni_ros vs LeRobot 0.6.1 on the same X-VLA folder: chunk time, stages, peak RSS, real-time margin.
 
     .venv/bin/python bench/xvla.py [--threads 1 2] [--runs 3] [--tiny] [--fps 30] [--precisions bf16 int8]
-        [--int8-kernels auto onednn xnnpack] [--work-dir DIR] [--lerobot-venv DIR] [--out FILE]
+        [--int8-kernels auto onednn xnnpack program] [--work-dir DIR] [--lerobot-venv DIR] [--out FILE]
 
 LeRobot builds a random X-VLA (default: its 0.9 B config over Florence-2-large dims, 2 cameras at 480x640 ->
 224 px; --tiny: the fixtures' sizes, to check the script) and saves it with its processors and the fixtures' tiny
@@ -10,8 +10,9 @@ per thread count. omni_ros loads the same folder and times `infer` (fresh proces
 32 actions at --fps divided by the chunk time. Targets: eager <= 0.8x LeRobot, int8 <= 0.4x on an int8-dot CPU,
 peak RSS <= 1.3x the fp32 weights. Each omni_ros row after fp32 gives its actions' relative L2 distance from
 fp32's (`rel_l2_vs_fp32`; every row draws the same seeded noise), against the bounds of 1% (bf16) and 4% (int8).
-int8 gets a row per `--int8-kernels` entry (`policy.int8_kernel`; xnnpack's first load builds its kernels into the
-per-checkpoint cache, in a child process whose memory is not in the row's peak RSS, and later loads reuse them).
+int8 gets a row per `--int8-kernels` entry (`policy.int8_kernel`: auto, onednn, xnnpack, program; the first load of
+xnnpack or program builds its kernels or program into the per-checkpoint cache, in a child process whose memory is
+not in the row's peak RSS, and later loads reuse them: `load_s` says which).
 """
 
 from __future__ import annotations
@@ -120,12 +121,14 @@ def omni_time(folder: Path, threads: int, runs: int, precision: str, int8_kernel
     import torch
     from common import cpu_facts
 
-    import omni_ros.policy
+    from omni_ros.backends.stage_program import load_checkpoint
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    # The linears as the node runs them (policy.cpu_linear: packed; fp32 only, the other precisions swap them).
-    pol = omni_ros.policy.load(folder, precision=precision, cpu_linear="packed", int8_kernel=int8_kernel)
+    # The linears as the node runs them (policy.cpu_linear: packed; fp32 only, the other precisions swap them),
+    # through the node's loader (int8_kernel `program`, which `auto` picks on an x86 CPU with VNNI and no AMX, is
+    # served there: the checkpoint's stages exported to one int8 program on its first load, then cached).
+    pol = load_checkpoint(folder, precision=precision, cpu_linear="packed", int8_kernel=int8_kernel)
     load_s = time.perf_counter() - start
     images, rest = observation()
     obs = {"images": images, **rest}

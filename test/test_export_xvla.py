@@ -1,8 +1,10 @@
 """X-VLA exported: encode + denoise_step (staged, X-VLA's own clean-estimate loop in the runner) and the fused
 `sample`, to ExecuTorch XNNPACK fp32 and ONNX, on the LeRobot 0.6.1 fixtures (test_reference_xvla.py checks eager
 against LeRobot): xvla_1cam (ee6d: sigmoid grippers, domains 1 and 2) and xvla_3cam (auto: the real width cut,
-domains 0 and 2, missing cameras). xvla_1cam goes to a .pte and to ONNX, xvla_3cam to ONNX (a .pte lowers the
-same graphs, minutes more of CPU); the .pte's fused loop is exported with 2 steps (fewer nodes to lower).
+domains 0 and 2, missing cameras). xvla_1cam goes to a .pte (staged methods) and to ONNX (staged and fused),
+xvla_3cam to ONNX (a .pte lowers the same graphs, minutes more of CPU). The fused `sample` is checked as ONNX
+only: it traces the very graphs of the staged methods (test_fused_and_staged_forms_trace_to_eager), whose XNNPACK
+lowering the staged .pte checks, and lowering its unrolled loop took 42 s of this module's CPU.
 
 Tolerance: 1e-4 abs on the actions in float32, against eager and against LeRobot's fixture actions (the same
 arithmetic in other kernels; eager itself is within about 2e-7 of LeRobot, test_reference_xvla.py).
@@ -10,6 +12,7 @@ arithmetic in other kernels; eager itself is within about 2e-7 of LeRobot, test_
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +22,12 @@ import pytest
 import torch
 from test_reference_xvla import MANIFEST, REFERENCE, case, policy
 
-import omni_ros.policy
 from omni_ros.backends.executorch_runner import load_pte
 from omni_ros.backends.factory import load_policy
 from omni_ros.backends.onnx_runner import load_onnx
 from omni_ros.control.config import ControlConfig, RtcConfig
 from omni_ros.control.executor import check_rtc_support
+from omni_ros.export.forms import use_export_forms
 from omni_ros.export.sidecar import read_onnx_sidecar, read_sidecar
 from omni_ros.observation import ObservationError
 from omni_ros.policy.config import PolicyConfig
@@ -50,20 +53,18 @@ def _cli_export(root: Path, fixture: str, out: Path, *extra: str) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
 
 
-# The fused .pte loop runs this many steps: lowering costs CPU per graph node, and the fused loop unrolls the head
-# once per step (the ONNX folders keep the default 10, checked against LeRobot's 10-step actions).
-PTE_FUSED_STEPS = 2
+STAGED = ["encode", "denoise_step"]
 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, root) -> dict[str, Path]:
-    """xvla_1cam as a .pte (XNNPACK fp32) and an ONNX folder, with the command line; xvla_3cam as an ONNX folder
-    (its .pte is lowered the same way, minutes more on this machine)."""
+    """xvla_1cam as a .pte (XNNPACK fp32, the staged methods) and an ONNX folder, with the command line; xvla_3cam
+    as an ONNX folder (its .pte is lowered the same way, minutes more on this machine)."""
     from omni_ros.export.exporter import export_checkpoint
 
     base = tmp_path_factory.mktemp("xvla")
     out = {"xvla_1cam.pte": base / "1cam.pte", "xvla_1cam.onnx": base / "1cam_onnx", "xvla_3cam.onnx": base / "3cam"}
-    _cli_export(root, "xvla_1cam", out["xvla_1cam.pte"], "--num-steps", str(PTE_FUSED_STEPS))
+    _cli_export(root, "xvla_1cam", out["xvla_1cam.pte"], "--methods", *STAGED)
     _cli_export(root, "xvla_1cam", out["xvla_1cam.onnx"], "--target", "onnx")
     export_checkpoint(REFERENCE / "xvla_3cam", out["xvla_3cam.onnx"], target="onnx")
     return out
@@ -74,7 +75,6 @@ def _policies(exports: dict[str, Path], fixture: str) -> dict[str, object]:
     out: dict[str, object] = {}
     if f"{fixture}.pte" in exports:
         out["pte staged"] = load_pte(exports[f"{fixture}.pte"], mode="staged")
-        out["pte fused"] = load_pte(exports[f"{fixture}.pte"], mode="fused", num_steps=PTE_FUSED_STEPS)
     out["onnx staged"] = load_onnx(exports[f"{fixture}.onnx"], mode="staged")
     out["onnx fused"] = load_onnx(exports[f"{fixture}.onnx"], mode="fused")
     return out
@@ -85,19 +85,15 @@ def _policies(exports: dict[str, Path], fixture: str) -> dict[str, object]:
 def test_programs_give_eagers_and_lerobots_actions(exports, fixture):
     """Staged and fused, .pte and ONNX, every case (both domain ids in one program, missing cameras)."""
     eager = policy(fixture)
-    few_steps = omni_ros.policy.load(REFERENCE / fixture, num_steps=PTE_FUSED_STEPS)
     domains = set()
     for name in MANIFEST["fixtures"][fixture]["cases"]:
         info, data, obs = case(fixture, name)
         domains.add(info["domain_id"])
         noise = data["noise"][0]
-        want, want_few = eager.infer(obs, noise=noise)["actions"], few_steps.infer(obs, noise=noise)["actions"]
+        want = eager.infer(obs, noise=noise)["actions"]
         for label, exported in _policies(exports, fixture).items():
             got = exported.infer(obs, noise=noise)["actions"]
             assert got.shape == want.shape, (label, name)
-            if label == "pte fused":  # its loop's steps fixed at export: eager's at the same count
-                np.testing.assert_allclose(got, want_few, rtol=0, atol=TOL, err_msg=f"{label} {name} vs eager")
-                continue
             np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=f"{label} {name} vs eager")
             np.testing.assert_allclose(got, data["actions"][0], rtol=0, atol=TOL, err_msg=f"{label} {name} vs LeRobot")
     assert len(domains) == 2
@@ -107,14 +103,19 @@ def test_programs_give_eagers_and_lerobots_actions(exports, fixture):
 def test_sidecars_and_the_backend_factory(exports):
     fixture = "xvla_1cam"
     sidecar = read_sidecar(exports[f"{fixture}.pte"])
-    assert sidecar.family == "xvla" and list(sidecar.methods) == METHODS
-    assert list(read_onnx_sidecar(exports[f"{fixture}.onnx"]).methods) == METHODS
-    for method in METHODS:  # one program for every embodiment: the domain is an input of each method
-        (domain,) = [s for s in sidecar.methods[method].inputs if s.name == "domain_id"]
+    assert sidecar.family == "xvla" and list(sidecar.methods) == STAGED
+    onnx = read_onnx_sidecar(exports[f"{fixture}.onnx"])
+    assert list(onnx.methods) == METHODS
+    # One program for every embodiment: the domain is an input of each method.
+    for method in [*sidecar.methods.values(), *onnx.methods.values()]:
+        (domain,) = [s for s in method.inputs if s.name == "domain_id"]
         assert domain.dtype == "int64" and domain.shape == (1,)
     for method, report in sidecar.delegation.items():
         for heavy in ("linear", "bmm", "convolution"):
             assert heavy not in report["portable"], (method, report["portable"])
+        # The export forms keep norms and attention inside XNNPACK (torch's LayerNorm and SDPA export as ops it
+        # leaves to the portable kernels: a LayerNorm, and a softmax's all-masked-row guard).
+        assert not {"native_layer_norm", "logical_not"} & set(report["portable"]), (method, report["portable"])
     # The checkpoint's saved domain (1) when an observation has none; policy.domain_id overrides it.
     _, data1, obs = case(fixture, "pick_domain1")
     _, data2, _ = case(fixture, "pick_domain2")
@@ -161,28 +162,49 @@ def test_unknown_domain_refused_as_eager_refuses_it(exports):
 
 
 @pytest.mark.slow
-def test_rtc_refused_at_configure_never_the_velocity_form(exports):
-    """The runtimes' RTC samplers are the velocity form; X-VLA's step is a clean estimate: refused, with why."""
+def test_staged_programs_inpaint_as_eager_does_and_refuse_guided_rtc(exports):
+    """RTC on X-VLA programs: the staged runners run X-VLA's own loop (clean estimates, x_t re-noised from them)
+    with the prefix's estimates inpainted, eager's arithmetic; guided RTC (autograd through the head) and the fused
+    programs (the loop traced in) are refused at configure, with what is served instead."""
     eager = policy("xvla_1cam")
-    check_rtc_support(ControlConfig(blending="rtc"), eager)  # the torch backend serves it (x0 form)
-    _, data, obs = case("xvla_1cam", "pick_domain1")
-    request = RtcRequest(np.zeros((32, 20), np.float32), inference_delay=2, method="inpaint")
-    for label, exported in _policies(exports, "xvla_1cam").items():
-        assert exported.rtc_methods == (), label
-        for method in ("guided", "inpaint"):
-            with pytest.raises(ConfigError, match="predicts the clean action"):
-                check_rtc_support(ControlConfig(blending="rtc", rtc=RtcConfig(method=method)), exported)
-        with pytest.raises(RtcError, match="cannot serve rtc method 'inpaint'"):
-            exported.infer(obs, noise=data["noise"][0], rtc=request)
-        with pytest.raises(RtcError, match="predicts the clean action"):  # the runner too, whoever calls it
-            inputs = exported.processor.inputs([exported.processor.parse(obs)])
-            exported.runner.sample(inputs, torch.from_numpy(data["noise"][:1]), 2, rtc=RtcPlan(request, None))
+    check_rtc_support(ControlConfig(blending="rtc"), eager)  # the torch backend serves both methods
+    for name in ("pick_domain1", "pick_domain2"):
+        _, data, obs = case("xvla_1cam", name)
+        noise = data["noise"][0]
+        # An old plan the new chunk must continue: grippers (sigmoid outputs) kept inside (0, 1).
+        plan = np.clip(eager.infer(obs, noise=noise)["actions"][3:] + 0.2, 0.05, 0.95)
+        request = RtcRequest(plan, inference_delay=3, method="inpaint")
+        want = eager.infer(obs, noise=noise, rtc=request)["actions"]
+        plain = eager.infer(obs, noise=noise)["actions"]
+        np.testing.assert_allclose(want[:3], plan[:3], atol=1e-6)  # the frozen actions are the old plan
+        assert np.abs(want[3:] - plain[3:]).max() > 1e-3  # and the rest of the chunk follows them
+        for label, exported in _policies(exports, "xvla_1cam").items():
+            if "fused" in label:
+                assert exported.rtc_methods == (), label
+                with pytest.raises(RtcError, match="cannot serve rtc method 'inpaint'"):
+                    exported.infer(obs, noise=noise, rtc=request)
+                continue
+            assert exported.rtc_methods == ("inpaint",), label
+            got = exported.infer(obs, noise=noise, rtc=request)["actions"]
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=f"{label} {name}")
+    staged = _policies(exports, "xvla_1cam")["pte staged"]
+    check_rtc_support(ControlConfig(blending="rtc", rtc=RtcConfig(method="inpaint")), staged)
+    with pytest.raises(ConfigError, match="it supports: inpaint"):
+        check_rtc_support(ControlConfig(blending="rtc", rtc=RtcConfig(method="guided")), staged)
+    guided = RtcRequest(plan, inference_delay=3, method="guided")
+    noise, target = torch.from_numpy(data["noise"][:1]), torch.zeros(1, 32, 20)
+    with pytest.raises(RtcError, match="it serves: inpaint"):  # the runner too, whoever calls it
+        inputs = staged.processor.inputs([staged.processor.parse(obs)])
+        staged.runner.sample(inputs, noise, 2, rtc=RtcPlan(guided, target))
+    with pytest.raises(RtcError, match="inpaint' only, not 'guided'"):  # and the family's sampler itself
+        stage_plan(staged.runner.cfg).sampler(staged.runner.cfg, noise, 2, RtcPlan(guided, target))
 
 
 def test_fused_and_staged_forms_trace_to_eager():
-    """The methods as torch.export traces them (without lowering) give eager's chunk, both domains of a case."""
+    """The methods as torch.export traces them (without lowering), in the export forms the exporters switch on
+    (norms spelled out, bmm attention), give eager's chunk, both domains of a case."""
     eager = policy("xvla_3cam")
-    model, processor = eager.runner.model, eager.processor
+    model, processor = use_export_forms(copy.deepcopy(eager.runner.model)), eager.processor
     cfg, plan = model.cfg, stage_plan("xvla")
     sigs = plan.signatures(cfg)
     with torch.no_grad():
@@ -194,7 +216,7 @@ def test_fused_and_staged_forms_trace_to_eager():
         for domain in (0, 2):
             inputs = processor.inputs([processor.parse({**obs, "domain_id": domain})])
             noise = torch.from_numpy(data["noise"][:1])
-            want = model.sample(inputs, noise, inputs.domain_id, 2)
+            want = eager.runner.model.sample(inputs, noise, inputs.domain_id, 2)
             fused = plan.fused_inputs(cfg, inputs)
             assert [tuple(x.shape) for x in (*fused, noise)] == [s.shape for s in sigs["sample"].inputs]
             np.testing.assert_allclose(programs["sample"](*fused, noise), want, rtol=0, atol=TOL)

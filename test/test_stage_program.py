@@ -170,9 +170,8 @@ def test_what_the_program_kernel_refuses_at_load(tmp_path):
         )
     with pytest.raises(CheckpointError, match="checkpoint folder"):
         omni_ros.policy.from_preset("tiny", precision="int8", int8_kernel="program")
-    for fixture in ("pi0fast_1cam", "xvla_1cam"):  # refused before any export
-        with pytest.raises(PrecisionError, match="cannot be exported to an int8 program"):
-            load_checkpoint(REFERENCE / fixture, precision="int8", int8_kernel="program", cache_dir=str(tmp_path))
+    with pytest.raises(PrecisionError, match="cannot be exported to an int8 program"):  # refused before any export
+        load_checkpoint(REFERENCE / "pi0fast_1cam", precision="int8", int8_kernel="program", cache_dir=str(tmp_path))
     assert not (tmp_path / "kernels").exists()
     # The torch loader does not serve an exported program: it names the loader that does.
     with pytest.raises(PrecisionError, match="load_checkpoint"):
@@ -188,9 +187,12 @@ def test_auto_picks_the_program_where_it_serves_the_checkpoint_and_the_caller(mo
 
     refusal = stage_program.auto_program_refusal
     assert refusal("pi0", VNNI, {}) is None and refusal("smolvla", VNNI, {}) is None
+    assert refusal("xvla", VNNI, {}) is None and refusal("xvla", VNNI, {}, "inpaint") is None
+    assert refusal("pi0", VNNI, {}, "guided") is None  # its program carries the guided step
+    assert "inpainting only" in refusal("xvla", VNNI, {}, "guided")  # an X-VLA program has none
     arm = CpuFeatures(arch="aarch64", model="test arm", flags=frozenset({"asimddp"}))
     assert "x86" in refusal("pi0", arm, {})
-    assert "does not export" in refusal("xvla", VNNI, {})
+    assert "does not export" in refusal("pi0_fast", VNNI, {})
     assert "compile" in refusal("pi0", VNNI, {"compile": True})
     assert "tokenizer" in refusal("pi0", VNNI, {"tokenizer": "tok.json"})
 
@@ -205,11 +207,15 @@ def test_auto_picks_the_program_where_it_serves_the_checkpoint_and_the_caller(mo
     with pytest.raises(_Asked):
         load_checkpoint(REFERENCE / FIXTURE, precision="auto", cache_dir=str(tmp_path), rtc_method="guided")
     assert len(no_export) == 2 and no_export[1][-1] == "guided_step"
-    # ... and hands a family without a program to the per-linear kernels.
+    # ... an X-VLA checkpoint's too ...
+    with pytest.raises(_Asked):
+        load_checkpoint(REFERENCE / "xvla_1cam", precision="auto", cache_dir=str(tmp_path), rtc_method="inpaint")
+    assert len(no_export) == 3 and no_export[2][-2:] == ["encode", "denoise_step"]
+    # ... and hands a load the program cannot serve (guided RTC on X-VLA) to the per-linear kernels.
     asked: list[dict] = []
     monkeypatch.setattr(loading, "load", lambda path, **options: asked.append(options) or "per-linear")
     assert load_checkpoint(REFERENCE / "xvla_1cam", precision="auto", rtc_method="guided") == "per-linear"
-    assert [o.get("int8_kernel", "auto") for o in asked] == ["auto"] and len(no_export) == 2
+    assert [o.get("int8_kernel", "auto") for o in asked] == ["auto"] and len(no_export) == 3
     assert loading.resolve_precision("auto", int8_kernel="auto").kernel == "xnnpack"  # the torch layer's own
 
 

@@ -120,8 +120,7 @@ class ExecuTorchRunner(ProgramRunner):
         # A token decoder (pi0-FAST): its greedy loop and detokenizer out here, over its prefill and decode_step.
         self._decode = self.plan.token_decoder(self.cfg, pte.parent) if self.plan.token_decoder else None
         self._generate = self.plan.token_generator(self.cfg) if self.plan.token_generator else None
-        # A family whose steps the runtime's RTC samplers do not fit (a token decoder, X-VLA's x0 form) says
-        # why, and is refused RTC at configure.
+        # A family whose steps no RTC sampler fits (a token decoder) says why, and is refused RTC at configure.
         if self._decode is not None or self.plan.rtc_refusal:
             self.rtc_methods = ()
             self.rtc_refusal = self.plan.rtc_refusal
@@ -163,7 +162,7 @@ class ExecuTorchRunner(ProgramRunner):
                 return Sampled(actions.numpy(), clock.ms)
             # The family's chaining: the prefix KV cache is computed once and read by every denoising step.
             guided = "guided" in self.rtc_methods
-            sample = staged_sampler(self.cfg, noise, num_steps, rtc, per_token=self.per_token, guided=guided)
+            sample = staged_sampler(self.plan, self.cfg, noise, num_steps, rtc, per_token=self.per_token, guided=guided)
             actions = self.plan.run_staged(self.cfg, self._run, inputs, noise, num_steps, clock, sample)
         return Sampled(actions.numpy(), clock.ms)
 

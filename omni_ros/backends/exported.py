@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from omni_ros.policy import families
-from omni_ros.policy.methods import SampleFn
+from omni_ros.policy.methods import SampleFn, StagePlan
 from omni_ros.policy.pipeline import InferencePipeline, Runner
 from omni_ros.policy.rtc import RtcPlan, per_token_times, rtc_sample
 from omni_ros.policy.sampler import euler_sample
@@ -76,11 +76,21 @@ def takes_per_token_times(sidecar: Any) -> bool:
 
 
 def staged_sampler(
-    cfg: Any, noise: torch.Tensor, num_steps: int, rtc: RtcPlan | None, *, per_token: bool, guided: bool
+    plan: StagePlan,
+    cfg: Any,
+    noise: torch.Tensor,
+    num_steps: int,
+    rtc: RtcPlan | None,
+    *,
+    per_token: bool,
+    guided: bool,
 ) -> SampleFn:
     """The sampler a runtime hands its family's `run_staged`: plain Euler steps, or real-time chunking around the
     exported denoise_step (hard inpainting; guided with the exported guided step where `guided`). A model trained
-    with training-time RTC takes per-token times (`per_token`)."""
+    with training-time RTC takes per-token times (`per_token`). A family whose step is no velocity (X-VLA) brings
+    its own (`StagePlan.sampler`)."""
+    if plan.sampler is not None:
+        return plan.sampler(cfg, noise, num_steps, rtc)
     horizon = cfg.action_horizon
 
     def sample(velocity, guided_call) -> torch.Tensor:

@@ -107,8 +107,7 @@ class OnnxRunner:
         # A token decoder (pi0-FAST): its greedy loop and detokenizer out here, over its prefill and decode_step.
         self._decode = plan.token_decoder(self.cfg, folder) if plan.token_decoder else None
         self._generate = plan.token_generator(self.cfg) if plan.token_generator else None
-        # A family whose steps the runtime's RTC samplers do not fit (a token decoder, X-VLA's x0 form) says
-        # why, and is refused RTC at configure.
+        # A family whose steps no RTC sampler fits (a token decoder) says why, and is refused RTC at configure.
         if self._decode is not None or plan.rtc_refusal:
             self.rtc_methods = ()
             self.rtc_refusal = plan.rtc_refusal
@@ -159,7 +158,7 @@ class OnnxRunner:
                 return Sampled(chunk.numpy(), clock.ms)
             # The family's chaining: the prefix KV cache is computed once and read by every denoising step.
             # No gradient in a graph: RTC is hard inpainting of the prefix around denoise_step.
-            sample = staged_sampler(self.cfg, noise, num_steps, rtc, per_token=self.per_token, guided=False)
+            sample = staged_sampler(self.plan, self.cfg, noise, num_steps, rtc, per_token=self.per_token, guided=False)
             actions = self.plan.run_staged(self.cfg, self._call, model_inputs, noise, num_steps, clock, sample)
         return Sampled(actions.numpy(), clock.ms)
 

@@ -18,10 +18,12 @@ export runs in a child process (the lowering leaves the serving process slower a
 progress in this log.
 
 `int8_kernel: auto` picks it where `auto`'s kernel would be XNNPACK per linear on an x86 CPU (VNNI, no AMX) and
-the load allows it (`auto_program_refusal`: a pi0 / pi0.5 / SmolVLA folder, no `policy.compile`, no tokenizer
-outside the folder). A caller under guided real-time chunking (the node with `control.rtc.method: guided`) gets
-the program with its guided step too (export/rtc_step.py: the backward pass traced and its products int8 as
-well), a cache entry of its own; without it the program serves RTC by inpainting. The first load exports the
+the load allows it (`auto_program_refusal`: a pi0 / pi0.5 / SmolVLA / X-VLA folder, no `policy.compile`, no
+tokenizer outside the folder). A caller under guided real-time chunking (the node with `control.rtc.method:
+guided`) gets the program with its guided step too (export/rtc_step.py: the backward pass traced and its products
+int8 as well), a cache entry of its own; without it the program serves RTC by inpainting. X-VLA's program has no
+guided step (its x0-form guidance is autograd through the torch kernels), so under guided RTC `auto` keeps
+X-VLA's per-linear kernels. The first load exports the
 whole model (about 50 s for a tiny fixture, 139 s for the edge pi0 on that CPU, about 5 minutes for a full-size
 SmolVLA; the per-linear kernels took 163 and 355 s to build there). ExecuTorch's Python binding holds the GIL
 while a method runs, so where a control loop shares the process (the policy node) the program runs in a child
@@ -54,7 +56,9 @@ logger = logging.getLogger("omni_ros.policy")
 PROGRAM = "stages.pte"
 RECIPE = "int8-dynamic"
 # The families whose stages export to an int8 program (tested on the committed LeRobot fixtures).
-PROGRAM_FAMILIES = {"pi0": "pi0 / pi0.5", "smolvla": "SmolVLA"}
+PROGRAM_FAMILIES = {"pi0": "pi0 / pi0.5", "smolvla": "SmolVLA", "xvla": "X-VLA"}
+# The families whose programs have no guided step (guided RTC needs autograd through the torch kernels).
+NO_GUIDED_PROGRAM = {"xvla": "an X-VLA program serves real-time chunking by inpainting only"}
 
 
 def checkpoint_hash(folder: Path, extra: dict[str, Any]) -> str:
@@ -131,7 +135,7 @@ def load_checkpoint(
     )
     if choice.kernel == "xnnpack" and options.get("int8_kernel", "auto") == "auto":
         plan = _stage_plan(Path(path))
-        why_not = auto_program_refusal(plan.family, cpu_features.detect(), options)
+        why_not = auto_program_refusal(plan.family, cpu_features.detect(), options, rtc_method)
         if why_not is not None:
             logger.info("int8 kernel: XNNPACK per linear, not the int8 program: %s", why_not)
             return load(path, **options)
@@ -162,18 +166,23 @@ def load_checkpoint(
     return _program_policy(Path(path), _stage_plan(Path(path)), choice, options, program_process, rtc_method)
 
 
-def auto_program_refusal(family: str, cpu: CpuFeatures, options: dict[str, Any]) -> str | None:
+def auto_program_refusal(
+    family: str, cpu: CpuFeatures, options: dict[str, Any], rtc_method: str | None = None
+) -> str | None:
     """Why `int8_kernel: auto` keeps the per-linear XNNPACK kernel instead of the int8 program (None: it need not).
 
     The program ran the edge pi0's chunk 1.7x faster than the per-linear kernel at 2 threads on an x86 CPU with
     VNNI and no AMX (158 vs 268 ms, bench/results/vs_lerobot_program_vnni.json and vs_lerobot_vnni.json), and
     under guided real-time chunking (its traced guided step against autograd through the per-linear kernels)
-    faster still (bench/results/realtime_guided_pi0_edge_vnni.json); on Arm CPUs it is unmeasured, so the
-    per-linear kernel stays there."""
+    faster still (bench/results/realtime_guided_pi0_edge_vnni.json); the full-size X-VLA's in 0.79x at 2 threads
+    and 1.01x at 1, in half the memory (bench/results/xvla_program_vnni.json); on Arm CPUs it is unmeasured, so
+    the per-linear kernel stays there."""
     if cpu.arch != "x86_64":
         return f"the program is measured on x86 CPUs only (this one: {cpu.arch})"
     if family not in PROGRAM_FAMILIES:
         return f"a {family} checkpoint does not export to an int8 program"
+    if rtc_method == "guided" and family in NO_GUIDED_PROGRAM:
+        return f"guided real-time chunking asked for, and {NO_GUIDED_PROGRAM[family]}"
     if options.get("compile"):
         return "policy.compile compiles the torch stages"
     if options.get("tokenizer") is not None:
@@ -202,8 +211,7 @@ def _program_policy(
     from omni_ros.backends.executorch_runner import load_pte
 
     if plan.family not in PROGRAM_FAMILIES:
-        # pi0-FAST decodes tokens in a loop of its own; X-VLA's int8 export fails inside torchao's quantization
-        # (`FakeTensor + None`): refused here, not after minutes of exporting.
+        # pi0-FAST decodes tokens in a loop of its own: refused here, not after minutes of exporting.
         raise PrecisionError(
             f"policy.int8_kernel program: a {plan.family} checkpoint cannot be exported to an int8 program (done for "
             f"{', '.join(PROGRAM_FAMILIES.values())}); set policy.int8_kernel auto (its int8 linears run per layer)"

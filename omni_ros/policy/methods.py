@@ -161,6 +161,10 @@ class StagePlan:
     token_generator: Callable[[Any], Callable[[RunMethod, ModelInputs], Any]] | None = None
     # Why real-time chunking does not apply, where it does not (a token decoder): said at configure time.
     rtc_refusal: str = ""
+    # A family whose step is not a velocity (X-VLA's clean estimate) samples its own way in a runtime:
+    # (cfg, noise, num_steps, rtc) -> the `sample` its run_staged takes, RTC by inpainting only (no guided step).
+    # None: the runtimes' Euler and RTC samplers over the velocity (omni_ros/backends/exported.py).
+    sampler: Callable[..., SampleFn] | None = None
 
     def check_methods(self, methods: tuple[str, ...] | list[str]) -> None:
         known = (*self.methods, *self.optional)

@@ -9,6 +9,11 @@ too, as the reference does); the other views (zeros for the empty slots after th
 the head's aux projection. Flow matching predicts the clean action: x_t = noise * t + action * (1 - t) with the
 previous step's action, t = i / steps from 1 down. Module and parameter names are those of LeRobot's native
 Florence-2 tree (`vlm.vision_tower...`, `vlm.language_model.encoder...`, `transformer...`).
+
+Modules with an `export_form` attribute also compute the same numbers in ops ExecuTorch's XNNPACK backend
+delegates (norms spelled out, `bmm` attention, slices for unbinds, products for broadcasts), switched on for an
+export by `omni_ros.export.forms.use_export_forms`: torch's own SDPA and LayerNorm export as ops XNNPACK leaves
+to the portable kernels, which cut the full-size int8 program into 247 pieces and made it slower than torch.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.layers import AttentionKernel, MlpKernel, mlp, sdpa
+from omni_ros.policy.layers import AttentionKernel, MlpKernel, attention, bmm_attention, layer_norm, mlp, sdpa
 from omni_ros.policy.xvla.action_space import build_action_space
 from omni_ros.policy.xvla.configuration import BartConfig, DaViTConfig, HeadConfig, XVLAConfig
 
@@ -49,6 +54,8 @@ class FFN(nn.Module):
 
 
 class ConvEmbed(nn.Module):
+    export_form = False  # (what use_export_forms switches: the norms spelled out for XNNPACK)
+
     def __init__(self, cfg: DaViTConfig, stage: int) -> None:
         super().__init__()
         c_in = 3 if stage == 0 else cfg.embed_dim[stage - 1]
@@ -60,7 +67,7 @@ class ConvEmbed(nn.Module):
         self.norm = nn.LayerNorm(c_in if self.pre_norm else c_out)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return layer_norm(self.norm, x.permute(0, 2, 3, 1), self.export_form).permute(0, 3, 1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre_norm:
@@ -88,6 +95,7 @@ class WindowAttention(nn.Module):
     tower, were nearly three times the work."""
 
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
+    export_form = False  # (what use_export_forms switches: `_export_forward`)
 
     def __init__(self, dim: int, heads: int, window: int, qkv_bias: bool) -> None:
         super().__init__()
@@ -97,6 +105,8 @@ class WindowAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, h, w, C) normalized tokens -> (B, h * w, C)."""
+        if self.export_form:
+            return self._export_forward(x)
         b, h, w, c = x.shape
         s, heads = self.window, self.heads
         qkv = self.qkv(x.reshape(b, h * w, c)).view(b, h, w, 3 * c)
@@ -124,9 +134,32 @@ class WindowAttention(nn.Module):
         out = out.permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
         return self.proj(out[:, :h, :w].reshape(b, h * w, c))
 
+    def _export_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The same outputs in ops XNNPACK delegates: the pad tokens' q / k / v joined by concatenation (a product
+        broadcasts them: no expand), every token of a window queries (its rows are independent: the real ones
+        are what `forward` computes, the pads' are cropped), one `bmm` attention over all windows, and q / k / v
+        cut by slices (no unbind, no in-place writes: copies XNNPACK does not delegate). The pad queries add
+        little: attention is ~2% of a DaViT stage's products, the projections stay on the real tokens."""
+        b, h, w, c = x.shape
+        s, heads = self.window, self.heads
+        qkv = self.qkv(x.reshape(b, h * w, c)).view(b, h, w, 3 * c)
+        hp, wp = h + (s - h % s) % s, w + (s - w % s) % s
+        pad = self.qkv(x[:1, :1, :1] * 0.0)  # (1, 1, 1, 3C): the qkv layer's answer for a zero row
+        if wp != w:
+            qkv = torch.cat([qkv, pad * torch.ones(b, h, wp - w, 1, dtype=x.dtype, device=x.device)], dim=2)
+        if hp != h:
+            qkv = torch.cat([qkv, pad * torch.ones(b, hp - h, wp, 1, dtype=x.dtype, device=x.device)], dim=1)
+        ny, nx = hp // s, wp // s
+        tiles = qkv.view(b, ny, s, nx, s, 3 * c).permute(0, 1, 3, 2, 4, 5).reshape(b * ny * nx, s * s, 3 * c)
+        q, k, v = (_split_heads(tiles[..., i * c : (i + 1) * c], heads) for i in range(3))
+        out = bmm_attention(q, k, v, None).view(b, ny, nx, s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
+        return self.proj(out[:, :h, :w].reshape(b, h * w, c))
+
 
 class ChannelAttention(nn.Module):
     """Attention across the channels of each group (queries are channels, scaled by tokens^-0.5)."""
+
+    export_form = False  # (what use_export_forms switches: one `bmm` attention, q / k / v cut by slices)
 
     def __init__(self, dim: int, groups: int, qkv_bias: bool) -> None:
         super().__init__()
@@ -136,13 +169,22 @@ class ChannelAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.groups, c // self.groups).permute(2, 0, 3, 4, 1)
+        g = self.groups
+        if self.export_form:
+            qkv = self.qkv(x)
+            q, k, v = (qkv[..., i * c : (i + 1) * c].reshape(b, n, g, c // g).permute(0, 2, 3, 1) for i in range(3))
+            # bmm_attention scales by its last dim's -0.5 power: n here, as below; out (b, c/g, g, n).
+            out = bmm_attention(q, k, v, None).view(b, c // g, g, n).permute(0, 3, 2, 1)
+            return self.proj(out.reshape(b, n, c))
+        q, k, v = self.qkv(x).view(b, n, 3, g, c // g).permute(2, 0, 3, 4, 1)
         out = F.scaled_dot_product_attention(q, k, v, scale=n**-0.5)  # (b, groups, c/groups, n)
         return self.proj(out.permute(0, 3, 1, 2).reshape(b, n, c))
 
 
 class DaViTBlockHalf(nn.Module):
     """conv1 residual, norm1 -> attention residual, conv2 residual, norm2 -> FFN residual (on (B, C, H, W))."""
+
+    export_form = False  # (what use_export_forms switches: the norms spelled out for XNNPACK)
 
     def __init__(self, cfg: DaViTConfig, stage: int, spatial: bool) -> None:
         super().__init__()
@@ -161,11 +203,11 @@ class DaViTBlockHalf(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, h, w = x.shape
         x = (self.conv1(x) + x).flatten(2).transpose(1, 2)
-        y = self.norm1(x)
+        y = layer_norm(self.norm1, x, self.export_form)
         y = self.window_attn(y.view(b, h, w, c)) if self.spatial else self.channel_attn(y)
         x = (x + y).transpose(1, 2).reshape(b, c, h, w)
         x = (self.conv2(x) + x).flatten(2).transpose(1, 2)
-        x = x + self.ffn(self.norm2(x))
+        x = x + self.ffn(layer_norm(self.norm2, x, self.export_form))
         return x.transpose(1, 2).reshape(b, c, h, w)
 
 
@@ -222,6 +264,8 @@ def temporal_row(dim: int) -> torch.Tensor:
 
 
 class Projector(nn.Module):
+    export_form = False  # (what use_export_forms switches: the norm spelled out for XNNPACK)
+
     def __init__(self, cfg: DaViTConfig) -> None:
         super().__init__()
         self.image_projection = nn.Linear(cfg.embed_dim[-1], cfg.projection_dim, bias=False)
@@ -238,7 +282,7 @@ class Projector(nn.Module):
         x = (features + self.image_position_embed(h, w).to(features.dtype)).flatten(2).transpose(1, 2)
         x = x + self.temporal.to(x.dtype)
         x = torch.cat([x.mean(dim=1, keepdim=True), x], dim=1)
-        return self.image_proj_norm(self.image_projection(x))
+        return layer_norm(self.image_proj_norm, self.image_projection(x), self.export_form)
 
 
 class BartAttention(nn.Module):
@@ -250,6 +294,7 @@ class BartAttention(nn.Module):
 
 class BartLayer(nn.Module):
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
+    export_form = False  # (what use_export_forms switches: bmm attention, the norms spelled out)
     mlp_kernel: MlpKernel = staticmethod(mlp)  # swapped from outside (precision)
     mlp_linears = ("fc1", None, "fc2")  # the MLP's first, up and down linears (precision kernels)
 
@@ -265,12 +310,15 @@ class BartLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.self_attn
         q, k, v = (_split_heads(proj(x), self.heads) for proj in (a.q_proj, a.k_proj, a.v_proj))
-        attn = self.attention_kernel(q, k, v, None).transpose(1, 2).flatten(2)
-        x = self.self_attn_layer_norm(x + a.out_proj(attn))
-        return self.final_layer_norm(x + self.mlp_kernel(self.fc1, None, self.fc2, self.activation, x))
+        attn = attention(q, k, v, None, self.export_form, self.attention_kernel)
+        x = layer_norm(self.self_attn_layer_norm, x + a.out_proj(attn), self.export_form)
+        mlp_out = self.mlp_kernel(self.fc1, None, self.fc2, self.activation, x)
+        return layer_norm(self.final_layer_norm, x + mlp_out, self.export_form)
 
 
 class BartEncoder(nn.Module):
+    export_form = False  # (what use_export_forms switches: the norm spelled out for XNNPACK)
+
     def __init__(self, cfg: BartConfig) -> None:
         super().__init__()
         self.embed_scale = math.sqrt(cfg.width) if cfg.scale_embedding else 1.0
@@ -283,7 +331,8 @@ class BartEncoder(nn.Module):
         n = x.shape[1]
         if n + 2 > self.embed_positions.num_embeddings:
             raise ValueError(f"{n} encoder tokens exceed BART's {self.embed_positions.num_embeddings - 2} positions")
-        x = self.layernorm_embedding(x + self.embed_positions.weight[2 : n + 2].to(x.dtype))
+        x = x + self.embed_positions.weight[2 : n + 2].to(x.dtype)
+        x = layer_norm(self.layernorm_embedding, x, self.export_form)
         for layer in self.layers:
             x = layer(x)
         return x
@@ -325,6 +374,7 @@ class HeadAttention(nn.Module):
 
 class HeadBlock(nn.Module):
     attention_kernel: AttentionKernel = staticmethod(sdpa)  # swapped from outside (precision)
+    export_form = False  # (what use_export_forms switches: bmm attention, the norms spelled out)
 
     def __init__(self, cfg: HeadConfig) -> None:
         super().__init__()
@@ -338,14 +388,14 @@ class HeadBlock(nn.Module):
         """The block's output for every token, or for the first `rows` only (their keys and values still come
         from every token): the head reads its last block's action tokens alone. `qkv`, if given, is
         `attn.qkv(norm1(x))` already computed (the first block's, partly reused across steps)."""
-        b, n, w = x.shape
-        qkv = self.attn.qkv(self.norm1(x)) if qkv is None else qkv
-        q, k, v = qkv.view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        w = x.shape[-1]
+        qkv = self.attn.qkv(layer_norm(self.norm1, x, self.export_form)) if qkv is None else qkv
+        # q / k / v cut by slices (an unbind is copies XNNPACK does not delegate).
+        q, k, v = (_split_heads(qkv[..., i * w : (i + 1) * w], self.heads) for i in range(3))
         if rows is not None:
             q, x = q[:, :, :rows], x[:, :rows]
-        attended = self.attention_kernel(q, k, v, None).transpose(1, 2).reshape(b, x.shape[1], w)
-        x = x + self.attn.proj(attended)
-        return x + self.mlp(self.norm2(x))
+        x = x + self.attn.proj(attention(q, k, v, None, self.export_form, self.attention_kernel))
+        return x + self.mlp(layer_norm(self.norm2, x, self.export_form))
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 100.0) -> torch.Tensor:
@@ -365,6 +415,8 @@ class HeadContext(NamedTuple):
 
 
 class SoftPromptedTransformer(nn.Module):
+    export_form = False  # (what use_export_forms switches: the norms spelled out, broadcasts by products)
+
     def __init__(self, cfg: XVLAConfig) -> None:
         super().__init__()
         h = cfg.head
@@ -387,9 +439,13 @@ class SoftPromptedTransformer(nn.Module):
 
     def project(self, vlm: torch.Tensor, aux: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
         """The VLM and aux tokens in the head's width (the same every denoising step)."""
-        if self.cfg.use_hetero_proj:
-            return torch.cat([self.vlm_proj(vlm, domain), self.aux_visual_proj(aux, domain)], dim=1)
-        return torch.cat([self.vlm_proj(vlm), self.aux_visual_proj(aux)], dim=1)
+        hetero = self.cfg.use_hetero_proj
+        out = self.vlm_proj(vlm, domain) if hetero else self.vlm_proj(vlm)
+        if aux.shape[1] == 0:
+            # One camera: no aux tokens. Their empty product adds nothing, and an int8 export cannot take it
+            # (torchao's per-token quantization of zero tokens fails while tracing).
+            return out
+        return torch.cat([out, self.aux_visual_proj(aux, domain) if hetero else self.aux_visual_proj(aux)], dim=1)
 
     def prepare(self, context: torch.Tensor, domain: torch.Tensor, actions: int) -> HeadContext:
         """What every step of a chunk shares (once per chunk): the tokens after the `actions` action tokens,
@@ -402,25 +458,28 @@ class SoftPromptedTransformer(nn.Module):
         if self.cfg.len_soft_prompts > 0:
             tokens = torch.cat([tokens, self.soft_prompt_hub(domain).view(b, self.cfg.len_soft_prompts, -1)], dim=1)
         first = cast(HeadBlock, self.blocks[0])
-        return HeadContext(tokens, first.attn.qkv(first.norm1(tokens)))
+        return HeadContext(tokens, first.attn.qkv(layer_norm(first.norm1, tokens, self.export_form)))
 
     def step(
         self, head: HeadContext, domain: torch.Tensor, x_t: torch.Tensor, proprio: torch.Tensor, t: torch.Tensor
     ) -> torch.Tensor:
         """The clean action estimate (B, H, model_dim_action) for x_t at flow time t."""
         b, n = x_t.shape[:2]
-        time = timestep_embedding(t, self.cfg.dim_time)[:, None].expand(b, n, -1)
-        tokens = torch.cat([x_t, proprio[:, None].expand(b, n, -1), time], dim=-1)
-        actions = self.action_encoder(tokens, domain) + self.pos_emb[:, :n]
+        per_step = torch.cat([proprio, timestep_embedding(t, self.cfg.dim_time)], dim=-1)[:, None]
+        if self.export_form:  # XNNPACK has no expand: broadcast by a product
+            per_step = per_step * torch.ones(1, n, 1, dtype=x_t.dtype, device=x_t.device)
+        else:
+            per_step = per_step.expand(b, n, -1)
+        actions = self.action_encoder(torch.cat([x_t, per_step], dim=-1), domain) + self.pos_emb[:, :n]
         first = cast(HeadBlock, self.blocks[0])
-        qkv = torch.cat([first.attn.qkv(first.norm1(actions)), head.qkv], dim=1)
+        qkv = torch.cat([first.attn.qkv(layer_norm(first.norm1, actions, self.export_form)), head.qkv], dim=1)
         x = torch.cat([actions, head.tokens], dim=1)
         # Only the action tokens leave the head: the last block's attention output, projection and MLP run on
         # them alone (the other ~200 tokens of a two-camera sequence are ~3% of a step's products).
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             x = block(x, rows=n if i == last else None, qkv=qkv if i == 0 else None)
-        return self.action_decoder(self.norm(x), domain)
+        return self.action_decoder(layer_norm(self.norm, x, self.export_form), domain)
 
     def forward(
         self, context: torch.Tensor, domain: torch.Tensor, x_t: torch.Tensor, proprio: torch.Tensor, t: torch.Tensor

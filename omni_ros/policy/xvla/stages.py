@@ -17,8 +17,10 @@ Static shapes: every camera slot (num_views) goes through the vision tower and t
 zeroed (eager skips them and writes zeros: the same tokens); the image size is the checkpoint's
 resize_imgs_with_padding, so a checkpoint without one has no program form.
 
-Real-time chunking is refused on these programs (`rtc_refusal`): a runtime's RTC sampler is the velocity form,
-and X-VLA's is the x0 form (the torch backend serves it).
+Real-time chunking: a runtime's own RTC samplers are the velocity form, so the plan hands runtimes X-VLA's
+(`staged_sampler`): hard inpainting of the prefix's clean estimates, as the torch backend does it
+(omni_ros.policy.xvla.rtc_hooks). Guided RTC needs a vector-Jacobian product through the head, which a program
+has no method for: the torch backend serves it.
 """
 
 from __future__ import annotations
@@ -32,16 +34,15 @@ from torch import nn
 from omni_ros.policy.inputs import ModelInputs
 from omni_ros.policy.methods import MethodSignature, RunMethod, SampleFn, Stage, StagePlan, TensorSpec
 from omni_ros.policy.pipeline import StageClock
+from omni_ros.policy.rtc import RtcPlan
+from omni_ros.policy.rtc_request import RtcError
 from omni_ros.policy.xvla.action_space import build_action_space
 from omni_ros.policy.xvla.configuration import XVLAConfig
-from omni_ros.policy.xvla.modeling import HeadContext, XVLAModel
+from omni_ros.policy.xvla.modeling import CleanStep, HeadContext, XVLAModel
+from omni_ros.policy.xvla.rtc_hooks import estimate_hook, keep_old_prefix
 
 METHODS = ("encode", "denoise_step", "sample")
 STAGED = ("encode", "denoise_step")
-RTC_REASON = (
-    "exported X-VLA programs do not serve real-time chunking (X-VLA's sampler predicts the clean action, the "
-    "exported RTC samplers are the velocity form); serve it with the torch backend for RTC"
-)
 
 
 def _image_size(cfg: XVLAConfig) -> tuple[int, int]:
@@ -192,6 +193,29 @@ def _domain(inputs: ModelInputs) -> torch.Tensor:
     return domain.to(torch.int64)
 
 
+def staged_sampler(cfg: XVLAConfig, noise: torch.Tensor, num_steps: int, rtc: RtcPlan | None) -> SampleFn:
+    """X-VLA's loop for a runtime, over its `step(x_t, t) -> clean estimate`: the chunk after the action space's
+    postprocess, continuing `rtc`'s old plan by inpainting where that is given (the only method a program's step
+    serves: guided RTC needs autograd through the head)."""
+    space = build_action_space(cfg.action_mode, cfg.action_dim, cfg.model_dim_action)
+    hook = None
+    if rtc is not None:
+        if rtc.request.method != "inpaint":
+            raise RtcError(f"an X-VLA program serves rtc method 'inpaint' only, not '{rtc.request.method}'")
+        hook = estimate_hook(space, cfg.action_dim, rtc, noise.shape[1], num_steps, noise.dtype)
+
+    def sample(step: CleanStep, guided_step: Callable[..., torch.Tensor]) -> torch.Tensor:
+        estimate = step if hook is None else (lambda x_t, t: hook(step, x_t, t))
+        actions = space.postprocess(clean_loop(estimate, noise, num_steps))
+        return actions if rtc is None else keep_old_prefix(actions, rtc, cfg.action_dim)
+
+    return sample
+
+
+def _no_guided_step(*_: torch.Tensor) -> torch.Tensor:
+    raise RtcError("an X-VLA program has no guided step (guided RTC runs on the torch backend)")
+
+
 def run_staged(
     cfg: XVLAConfig,
     run: RunMethod,
@@ -201,8 +225,8 @@ def run_staged(
     clock: StageClock,
     sample: SampleFn | None = None,
 ) -> torch.Tensor:
-    """One inference: encode once, then X-VLA's own loop over denoise_step. `sample` (a runtime's velocity-form
-    sampler) is not used: X-VLA's step is a clean estimate, and real-time chunking is refused before this."""
+    """One inference: encode once, then X-VLA's own loop over denoise_step (`sample`: the runtime's
+    `staged_sampler`, None for a plain chunk)."""
     domain = _domain(inputs)
     # Cloned: a runtime may hand back its output buffer, which the next call overwrites.
     context = run("encode", [inputs.images, inputs.image_masks, inputs.tokens, domain])[0].clone()
@@ -212,8 +236,7 @@ def run_staged(
     def step(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return run("denoise_step", [context, domain, inputs.state, x_t, t])[0].clone()
 
-    action = clean_loop(step, noise, num_steps)
-    actions = build_action_space(cfg.action_mode, cfg.action_dim, cfg.model_dim_action).postprocess(action)
+    actions = (sample or staged_sampler(cfg, noise, num_steps, None))(step, _no_guided_step)
     clock.lap("denoise_ms")
     return actions
 
@@ -232,5 +255,5 @@ XVLA = StagePlan(
     example_inputs=xvla_example_inputs,
     run_staged=run_staged,
     fused_inputs=fused_inputs,
-    rtc_refusal=RTC_REASON,
+    sampler=staged_sampler,
 )
