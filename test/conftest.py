@@ -54,8 +54,6 @@ SAME_WORKER = {
     "test_ray_serve.py": "ray",
     "test_ray_cli.py": "ray",
     "test_stage_program.py": "stage_program",  # alone, but its one export (about a minute) is best started first
-    "test_stage_program_xvla.py": "stage_program_xvla",  # alone too: one export of a minute
-    "test_export_xvla.py": "export_xvla",  # alone too: three exports, about two minutes
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,9 +23,9 @@ tokenizer outside the folder). A caller under guided real-time chunking (the nod
 guided`) gets the program with its guided step too (export/rtc_step.py: the backward pass traced and its products
 int8 as well), a cache entry of its own; without it the program serves RTC by inpainting. X-VLA's program has no
 guided step (its x0-form guidance is autograd through the torch kernels), so under guided RTC `auto` keeps
-X-VLA's per-linear kernels. The first load exports the
-whole model (about 50 s for a tiny fixture, 139 s for the edge pi0 on that CPU, about 5 minutes for a full-size
-SmolVLA; the per-linear kernels took 163 and 355 s to build there). ExecuTorch's Python binding holds the GIL
+X-VLA's per-linear kernels. The first load exports the whole model (about 50 s for a tiny fixture, 139 s for the
+edge pi0 on that CPU, about 5 minutes for a full-size SmolVLA, 6 for X-VLA; the per-linear kernels took 163 and 355 s
+to build there for the first two). ExecuTorch's Python binding holds the GIL
 while a method runs, so where a control loop shares the process (the policy node) the program runs in a child
 process (`program_process`, omni_ros/backends/program_process.py): in the node's own process the full-size
 SmolVLA's 50 Hz loop fell to 13 commands a second, 43 with it in the child (bench/results/realtime_program_vnni.json).
