@@ -57,8 +57,6 @@ PROGRAM = "stages.pte"
 RECIPE = "int8-dynamic"
 # The families whose stages export to an int8 program (tested on the committed LeRobot fixtures).
 PROGRAM_FAMILIES = {"pi0": "pi0 / pi0.5", "smolvla": "SmolVLA", "xvla": "X-VLA"}
-# The families whose programs have no guided step (guided RTC needs autograd through the torch kernels).
-NO_GUIDED_PROGRAM = {"xvla": "an X-VLA program serves real-time chunking by inpainting only"}
 
 
 def checkpoint_hash(folder: Path, extra: dict[str, Any]) -> str:
@@ -181,8 +179,14 @@ def auto_program_refusal(
         return f"the program is measured on x86 CPUs only (this one: {cpu.arch})"
     if family not in PROGRAM_FAMILIES:
         return f"a {family} checkpoint does not export to an int8 program"
-    if rtc_method == "guided" and family in NO_GUIDED_PROGRAM:
-        return f"guided real-time chunking asked for, and {NO_GUIDED_PROGRAM[family]}"
+    from omni_ros.policy.families import stage_plan
+
+    if rtc_method == "guided" and GUIDED_STEP not in stage_plan(family).optional:
+        # (X-VLA's: its guidance is autograd through the torch kernels)
+        return (
+            f"guided real-time chunking asked for, and a {PROGRAM_FAMILIES[family]} program has no guided step "
+            "(it serves RTC by inpainting only)"
+        )
     if options.get("compile"):
         return "policy.compile compiles the torch stages"
     if options.get("tokenizer") is not None:

@@ -26,6 +26,7 @@ import torch
 from torch import fx, nn
 
 from omni_ros.policy.methods import GUIDED_STEP, MethodSignature, StagePlan, TensorSpec
+from omni_ros.policy.rtc import autograd_guided_step
 
 NAME = GUIDED_STEP
 aten = torch.ops.aten
@@ -44,16 +45,13 @@ def guided_signature(denoise: MethodSignature, horizon: int) -> MethodSignature:
 
 
 def _guided(step: nn.Module, x_at: int):
-    """The guided step over `step` (denoise_step), whose x_t is input `x_at` and t the next one."""
+    """The guided step over `step` (denoise_step), whose x_t is input `x_at` and t the next one: the torch
+    runner's own autograd step (`rtc.autograd_guided_step`), traced."""
 
     def guided(*inputs: torch.Tensor) -> torch.Tensor:
         before, (x_t, t, target, weights, weight), kv = inputs[:x_at], inputs[x_at : x_at + 5], inputs[x_at + 5 :]
-        with torch.enable_grad():
-            x = x_t.detach().requires_grad_(True)
-            u = step(*before, x, t, *kv)
-            x0 = x - t.reshape(t.shape[0], -1, 1) * u  # t (B,) or per token (B, H)
-            (g,) = torch.autograd.grad(x0, x, (target - x0) * weights.reshape(1, -1, 1))
-        return u.detach() - weight.reshape(-1, 1, 1) * g
+        velocity = autograd_guided_step(lambda x, t_: step(*before, x, t_, *kv))
+        return velocity(x_t, t, target, weights, weight)
 
     return guided
 

@@ -142,11 +142,11 @@ def _vjp_step(
     weights: torch.Tensor,
     w: torch.Tensor,
 ) -> torch.Tensor:
-    """u - w * [(Y - x0) * W]^T dx0/dx_t by autograd, w (B,) the guidance weight."""
+    """u - w * [(Y - x0) * W]^T dx0/dx_t by autograd, w (B,) the guidance weight, t (B,) or per token (B, H)."""
     with torch.enable_grad():
         x = x_t.detach().requires_grad_(True)
         u = velocity(x, t)
-        x0 = x - t.reshape(t.shape[0], 1, 1).to(x.dtype) * u
+        x0 = x - t.reshape(t.shape[0], -1, 1).to(x.dtype) * u
         error = (target.to(x.dtype) - x0) * _broadcast_weights(weights, x)
         (g,) = torch.autograd.grad(x0, x, error)
     return (u - w.to(x.dtype)[:, None, None] * g).detach()
