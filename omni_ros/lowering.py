@@ -1,13 +1,26 @@
-"""Faster ExecuTorch lowering: torch's list of composite ops collected once per lowering, not once per method.
+"""Faster ExecuTorch lowering, the same programs: two of torch's costs that grow with what is lowered.
 
+The export paths (`omni-ros export`, the int8 program and the per-linear kernels built on first load) use both.
+
+Composite ops, collected once per lowering, not once per method (`cia_ops_collected_once`):
 `to_edge_transform_and_lower` decomposes every method several times, and each decomposition asks torch for
 every CompositeImplicitAutograd op it may keep (`torch._export.utils._collect_all_valid_cia_ops`): a walk over
 the whole dispatcher, about 0.25 s a call, which torch does not cache because a custom-op library loaded later
 could add to it. Nothing loads one in the middle of a lowering, so inside `cia_ops_collected_once()` the walk is
 done once: a program of many methods (the per-linear int8 XNNPACK kernels, an export's staged methods) lowers
-in less time, and the programs are the same (the export tests compare them with eager).
+in less time, and the programs are the same (the export tests compare them with eager). Only around the lowering:
+around torch.export of a torchao-quantized model too, the cached list missed what tracing it adds, and
+XNNPACK's ConvertToLinearPass failed on the program.
 
-Where torch's private names move, the context does nothing: lowering is then only slower, never different.
+Provenance shared, not copied (`provenance_shared`): torch.fx records where each node came from (`NodeSource`,
+`node.meta["from_node"]`), and every node a pass creates deep-copies its source's whole record, which holds the
+records of every pass before: the copies grow with the passes run so far (ExecuTorch runs dozens: its edge passes,
+then about twenty per XNNPACK partition). A record is never changed after it is built (torch, ExecuTorch and
+torchao only read them), so inside the context a deep copy of one returns the record itself: the same `.pte`, byte
+for byte, in 0.86x the time for the tiny preset in float32 and 0.94-0.97x for int8 programs (`bench/lowering.py`,
+bench/results/lowering.json).
+
+Where torch's private names move, the contexts do nothing: lowering is then only slower, never different.
 """
 
 from __future__ import annotations
@@ -45,3 +58,22 @@ def cia_ops_collected_once() -> Iterator[None]:
     finally:
         for module in users:
             setattr(module, NAME, original)
+
+
+@contextmanager
+def provenance_shared() -> Iterator[None]:
+    import torch.fx.traceback as fx_traceback
+
+    source = getattr(fx_traceback, "NodeSource", None)
+    if source is None or "__deepcopy__" in vars(source):
+        yield
+        return
+    source.__deepcopy__ = _itself
+    try:
+        yield
+    finally:
+        del source.__deepcopy__
+
+
+def _itself(record: object, memo: dict[int, object]) -> object:
+    return record

@@ -2,9 +2,10 @@
 `sample`, to ExecuTorch XNNPACK fp32 and ONNX, on the LeRobot 0.6.1 fixtures (test_reference_xvla.py checks eager
 against LeRobot): xvla_1cam (ee6d: sigmoid grippers, domains 1 and 2) and xvla_3cam (auto: the real width cut,
 domains 0 and 2, missing cameras). xvla_1cam goes to a .pte (staged methods) and to ONNX (staged and fused),
-xvla_3cam to ONNX (a .pte lowers the same graphs, minutes more of CPU). The fused `sample` is checked as ONNX
-only: it traces the very graphs of the staged methods (test_fused_and_staged_forms_trace_to_eager), whose XNNPACK
-lowering the staged .pte checks, and lowering its unrolled loop took 42 s of this module's CPU.
+xvla_3cam to ONNX, staged (a .pte lowers the same graphs, minutes more of CPU). The fused `sample` is checked as
+ONNX of xvla_1cam only: it traces the very graphs of the staged methods (test_fused_and_staged_forms_trace_to_eager,
+on xvla_3cam's missing camera and both its domains), whose XNNPACK lowering the staged .pte checks; lowering its
+unrolled loop took 42 s of this module's CPU, converting xvla_3cam's to ONNX 26 s.
 
 Tolerance: 1e-4 abs on the actions in float32, against eager and against LeRobot's fixture actions (the same
 arithmetic in other kernels; eager itself is within about 2e-7 of LeRobot, test_reference_xvla.py).
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_reference_xvla import MANIFEST, REFERENCE, case, policy
+from test_reference_xvla import MANIFEST, REFERENCE, case, every_case, policy
 
 from omni_ros.backends.executorch_runner import load_pte
 from omni_ros.backends.factory import load_policy
@@ -59,14 +60,14 @@ STAGED = ["encode", "denoise_step"]
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, root) -> dict[str, Path]:
     """xvla_1cam as a .pte (XNNPACK fp32, the staged methods) and an ONNX folder, with the command line; xvla_3cam
-    as an ONNX folder (its .pte is lowered the same way, minutes more on this machine)."""
+    as an ONNX folder of the staged methods (its .pte is lowered the same way, minutes more on this machine)."""
     from omni_ros.export.exporter import export_checkpoint
 
     base = tmp_path_factory.mktemp("xvla")
     out = {"xvla_1cam.pte": base / "1cam.pte", "xvla_1cam.onnx": base / "1cam_onnx", "xvla_3cam.onnx": base / "3cam"}
     _cli_export(root, "xvla_1cam", out["xvla_1cam.pte"], "--methods", *STAGED)
     _cli_export(root, "xvla_1cam", out["xvla_1cam.onnx"], "--target", "onnx")
-    export_checkpoint(REFERENCE / "xvla_3cam", out["xvla_3cam.onnx"], target="onnx")
+    export_checkpoint(REFERENCE / "xvla_3cam", out["xvla_3cam.onnx"], target="onnx", methods=STAGED)
     return out
 
 
@@ -76,7 +77,8 @@ def _policies(exports: dict[str, Path], fixture: str) -> dict[str, object]:
     if f"{fixture}.pte" in exports:
         out["pte staged"] = load_pte(exports[f"{fixture}.pte"], mode="staged")
     out["onnx staged"] = load_onnx(exports[f"{fixture}.onnx"], mode="staged")
-    out["onnx fused"] = load_onnx(exports[f"{fixture}.onnx"], mode="fused")
+    if "sample" in read_onnx_sidecar(exports[f"{fixture}.onnx"]).methods:
+        out["onnx fused"] = load_onnx(exports[f"{fixture}.onnx"], mode="fused")
     return out
 
 
@@ -85,10 +87,7 @@ def _policies(exports: dict[str, Path], fixture: str) -> dict[str, object]:
 def test_programs_give_eagers_and_lerobots_actions(exports, fixture):
     """Staged and fused, .pte and ONNX, every case (both domain ids in one program, missing cameras)."""
     eager = policy(fixture)
-    domains = set()
-    for name in MANIFEST["fixtures"][fixture]["cases"]:
-        info, data, obs = case(fixture, name)
-        domains.add(info["domain_id"])
+    for name, data, obs in every_case(fixture):
         noise = data["noise"][0]
         want = eager.infer(obs, noise=noise)["actions"]
         for label, exported in _policies(exports, fixture).items():
@@ -96,7 +95,6 @@ def test_programs_give_eagers_and_lerobots_actions(exports, fixture):
             assert got.shape == want.shape, (label, name)
             np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=f"{label} {name} vs eager")
             np.testing.assert_allclose(got, data["actions"][0], rtol=0, atol=TOL, err_msg=f"{label} {name} vs LeRobot")
-    assert len(domains) == 2
 
 
 @pytest.mark.slow

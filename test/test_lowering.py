@@ -1,13 +1,18 @@
-"""omni_ros/lowering.py: torch's composite-op walk done once inside the context, torch's own after it."""
+"""omni_ros/lowering.py: torch's composite-op walk done once inside its context, torch's own after it; node
+provenance shared inside the other, and the same programs either way."""
 
 from __future__ import annotations
+
+import contextlib
+import copy
 
 import torch
 import torch._export.utils as utils
 import torch.export.exported_program as exported_program
+import torch.fx.traceback as fx_traceback
 from torch import nn
 
-from omni_ros.lowering import NAME, cia_ops_collected_once
+from omni_ros.lowering import NAME, cia_ops_collected_once, provenance_shared
 
 
 def test_the_walk_is_done_once_inside_and_restored_after():
@@ -38,3 +43,46 @@ def test_a_program_lowered_inside_computes_what_eager_does():
         (out,) = program.load_method(name).execute([x])
         # float32 XNNPACK GEMMs against torch's: summation order only
         torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+
+
+def _provenance_records() -> list:
+    program = torch.export.export(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),))
+    graph = program.run_decompositions().graph  # a pass: its nodes record where they came from
+    records = [n.meta["from_node"] for n in graph.nodes if n.meta.get("from_node")]
+    assert records, "torch.export no longer records node provenance: the context has nothing to share"
+    return records
+
+
+def test_provenance_is_shared_inside_and_copied_after():
+    records = _provenance_records()
+    with provenance_shared():
+        copied = copy.deepcopy(records)
+        assert copied is not records and copied[0] is not records[0]  # the lists are new ...
+        assert copied[0][0] is records[0][0]  # ... the records in them the same (never changed once built)
+    assert not hasattr(fx_traceback.NodeSource, "__deepcopy__")
+    after = copy.deepcopy(records)
+    assert after[0][0] is not records[0][0]
+    assert after[0][0].to_dict() == records[0][0].to_dict()
+
+
+def _lowered(model: nn.Module, x: torch.Tensor, shared: bool) -> bytes:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    with provenance_shared() if shared else contextlib.nullcontext():
+        program = torch.export.export(model, (x,))
+        with cia_ops_collected_once():
+            edge = to_edge_transform_and_lower({"forward": program}, partitioner=[XnnpackPartitioner()])
+        return edge.to_executorch().buffer
+
+
+def test_programs_lowered_with_shared_provenance_are_the_same_bytes():
+    from omni_ros.policy.quantize import quantize_model
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    for quantize in ("none", "int8-dynamic"):
+        model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+        model = quantize_model(model, quantize)
+        with torch.no_grad():
+            assert _lowered(model, x, shared=True) == _lowered(model, x, shared=False), quantize

@@ -53,6 +53,14 @@ def case(fixture: str, name: str) -> tuple[dict, dict[str, np.ndarray], dict]:
     return info, data, obs
 
 
+def every_case(fixture: str) -> list[tuple[str, dict[str, np.ndarray], dict]]:
+    """(name, tensors, observation) of each case of `fixture`, after checking its cases cover two domain ids (what
+    an export's one-program-for-every-embodiment checks rely on)."""
+    cases = [(name, *case(fixture, name)) for name in MANIFEST["fixtures"][fixture]["cases"]]
+    assert len({info["domain_id"] for _, info, _, _ in cases}) == 2, fixture
+    return [(name, data, obs) for name, _, data, obs in cases]
+
+
 @pytest.mark.parametrize(("fixture", "name"), CASES)
 def test_matches_lerobot(fixture, name):
     _, data, obs = case(fixture, name)

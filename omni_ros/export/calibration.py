@@ -7,10 +7,12 @@
                simulator's rendered frames as its cameras (in turn), states drawn from its norm stats (mean +- std,
                or between its quantiles), the simulator's task prompts
     DIR        a demonstration dataset folder (`omni-ros sim collect`, shards + meta.json): recorded observations
-    random     uniform pixels, random prompts and states (only for plumbing tests: ranges will not match data)
+    random     uniform pixels, prompts of random words, states drawn as for spec (only for plumbing tests:
+               ranges will not match data)
 
 Observations go through the model family's own processor (parsing, tiling, the tokenizer, the norm stats), so
-the activation ranges are measured on exactly what the model sees at run time.
+the activation ranges are measured on exactly what the model sees at run time. A checkpoint serving several
+embodiments (X-VLA's domains) is calibrated across them: observation i is for domain i mod the checkpoint's count.
 """
 
 from __future__ import annotations
@@ -98,20 +100,42 @@ def spec_observations(
     in turn; states are drawn where the norm stats say the robot's are (mean +- std, or between the 1st and 99th
     percentiles), so the normalized state the model sees spans its usual range; prompts are the simulator's tasks.
     """
-    stats = norm_stats or NormStats.identity(cfg.state_dim, cfg.action_dim)
     rng = np.random.default_rng(seed)
     out = []
     for obs in _sim_frames(samples, seed):
         frames = list(obs["images"].values())
         obs["images"] = {c: frames[i % len(frames)] for i, c in enumerate(cfg.camera_names)}
-        if stats.state_mode == "quantile" and stats.state_q01 is not None and stats.state_q99 is not None:
-            state = rng.uniform(stats.state_q01, stats.state_q99)
-        elif stats.state_mode == "min_max" and stats.state_min is not None and stats.state_max is not None:
-            state = rng.uniform(stats.state_min, stats.state_max)
-        else:
-            state = np.asarray(stats.state_mean) + np.asarray(stats.state_std) * rng.uniform(-1.0, 1.0, cfg.state_dim)
-        obs["state"] = state.astype(np.float32)
+        obs["state"] = _state(cfg, norm_stats, rng)
         out.append(obs)
+    return out
+
+
+def _state(cfg: ChunkConfig, norm_stats: NormStats | None, rng: np.random.Generator) -> np.ndarray:
+    """A state where the norm stats say the robot's are (between its quantiles or min / max, else mean +- std)."""
+    stats = norm_stats or NormStats.identity(cfg.state_dim, cfg.action_dim)
+    if stats.state_mode == "quantile" and stats.state_q01 is not None and stats.state_q99 is not None:
+        state = rng.uniform(stats.state_q01, stats.state_q99)
+    elif stats.state_mode == "min_max" and stats.state_min is not None and stats.state_max is not None:
+        state = rng.uniform(stats.state_min, stats.state_max)
+    else:
+        state = np.asarray(stats.state_mean) + np.asarray(stats.state_std) * rng.uniform(-1.0, 1.0, cfg.state_dim)
+    return state.astype(np.float32)
+
+
+_WORDS = ("pick", "place", "the", "red", "blue", "cube", "bowl", "open", "drawer", "into", "left", "towel", "fold")
+
+
+def random_observations(
+    cfg: ChunkConfig, samples: int, norm_stats: NormStats | None = None, seed: int = 0
+) -> list[dict[str, Any]]:
+    """`samples` observations of uniform pixels (224 x 224 frames), prompts of 1-12 random words, and states drawn
+    as `spec_observations` draws them: any family's processor takes them."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(samples):
+        images = {c: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for c in cfg.camera_names}
+        prompt = " ".join(rng.choice(_WORDS, size=int(rng.integers(1, 13))))
+        out.append({"images": images, "state": _state(cfg, norm_stats, rng), "prompt": prompt})
     return out
 
 
@@ -145,13 +169,13 @@ def dataset_observations(path: str | Path, cfg: ChunkConfig, samples: int) -> li
 
 def calibration_observations(
     source: str, cfg: ChunkConfig, samples: int, seed: int = 0, norm_stats: NormStats | None = None
-) -> list[dict] | None:
-    """Raw observations from `source` (auto, sim, spec, random or a dataset folder); None for random."""
+) -> list[dict]:
+    """Raw observations from `source` (auto, sim, spec, random or a dataset folder)."""
     if samples < 1:
         raise CalibrationError("calibration needs at least one sample")
     source, _ = resolve_source(source, cfg)
     if source == "random":
-        return None
+        return random_observations(cfg, samples, norm_stats, seed)
     if source == "sim":
         return sim_observations(cfg, samples, seed)
     if source == "spec":
@@ -169,4 +193,7 @@ def observation_inputs(
 
     processor = families.get(cfg.family).build_processor(cfg, norm_stats, tokenizer)
     cpu = torch.device("cpu")
+    domains = int(getattr(cfg, "num_domains", 1))
+    if domains > 1:
+        observations = [{**obs, "domain_id": i % domains} for i, obs in enumerate(observations)]
     return [processor.inputs([processor.parse(obs)], cpu, torch.float32) for obs in observations]

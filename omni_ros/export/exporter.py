@@ -23,7 +23,7 @@ from omni_ros.export.report import delegation_report
 from omni_ros.export.rtc_step import NAME as GUIDED_STEP
 from omni_ros.export.rtc_step import GuidedStep, guided_signature
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
-from omni_ros.lowering import cia_ops_collected_once
+from omni_ros.lowering import cia_ops_collected_once, provenance_shared
 from omni_ros.policy.families import stage_plan
 from omni_ros.policy.methods import StagePlan
 from omni_ros.policy.normalize import NormStats
@@ -43,6 +43,8 @@ class ExportResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+# The families ExecuTorch's QNN delegate (`--target qnn`) exports; the others reach the HTP through qnn-onnx.
+QNN_PTE_FAMILIES = ("pi0", "smolvla")
 # (target, quantize) pairs whose programs can hold the guided RTC step (a traced backward pass).
 GUIDED_TARGETS = (("xnnpack", "none"), ("xnnpack", "int8-dynamic"), ("cuda", "none"))
 
@@ -96,8 +98,15 @@ def export_policy(
     The model is copied, switched to its export forms and quantized; the caller's model is untouched.
     For the ONNX targets `out` is a folder; qnn-onnx calibrates on `calibration` (auto, sim, spec, random or a dataset).
     """
-    check_export_target(target, quantize, qnn)
     cfg: Any = model.cfg
+    family = getattr(cfg, "family", "pi0")
+    if target == "qnn" and family not in QNN_PTE_FAMILIES:
+        # Its PT2E calibration draws pi0-layout inputs and runs the velocity-form Euler loop (qnn.calibration_inputs).
+        raise ValueError(
+            f"--target qnn exports {' and '.join(QNN_PTE_FAMILIES)} models; export a {family} model for Qualcomm's "
+            "HTP with --target qnn-onnx (ONNX Runtime's QNN execution provider)"
+        )
+    check_export_target(target, quantize, qnn)
     plan = stage_plan(cfg)
     methods = tuple(methods or plan.methods)
     if rtc and GUIDED_STEP not in methods:
@@ -120,7 +129,7 @@ def export_policy(
     # A quantized guided step is traced in float32 and quantized after (rtc_step.py says why).
     float_work = copy.deepcopy(work) if GUIDED_STEP in methods and quantize != "none" else work
     target_options: dict[str, Any] = {}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), provenance_shared():
         # torch.export and the lowering passes are chatty about internals we do not control.
         warnings.simplefilter("ignore")
         if target == "qnn":

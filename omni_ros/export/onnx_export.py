@@ -40,6 +40,7 @@ from omni_ros.export.sidecar import (
     runtime_versions,
     write_atomic,
 )
+from omni_ros.lowering import provenance_shared
 from omni_ros.policy.families import method_module, signatures, stage_plan
 from omni_ros.policy.normalize import NormStats
 
@@ -68,7 +69,7 @@ def export_method_graph(model: nn.Module, method: str, path: Path, num_steps: in
     cfg: Any = model.cfg
     sig = signatures(cfg)[method]
     start = time.perf_counter()
-    with _quiet(), torch.no_grad():
+    with _quiet(), torch.no_grad(), provenance_shared():
         program = torch.onnx.export(
             method_module(model, method, num_steps),
             stage_plan(cfg).example_inputs(sig, cfg),

@@ -109,13 +109,11 @@ def build_htp_graphs(
             log.warning("export %s: %s (--calibration DATASET_DIR for recorded data)", out, why)
         log.info("export %s: calibrating on %d observations (%s)", out, qnn.calibration_samples, calibration)
         observations = calibration_observations(calibration, cfg, qnn.calibration_samples, norm_stats=norm_stats)
-        inputs = None
-        if observations is not None:
-            if tokenizer is None:
-                from omni_ros.policy.tokenizer import make_tokenizer
+        if tokenizer is None:
+            from omni_ros.policy.tokenizer import make_tokenizer
 
-                tokenizer = make_tokenizer(cfg.tokenizer)
-            inputs = observation_inputs(cfg, tokenizer, norm_stats, observations)
+            tokenizer = make_tokenizer(cfg.tokenizer)
+        inputs = observation_inputs(cfg, tokenizer, norm_stats, observations)
         batches = calibration_inputs(model.float().eval(), methods, qnn.calibration_samples, inputs=inputs)
         timings["calibration_s"] = time.perf_counter() - start
     cache = HtpCache(out, htp)

@@ -156,7 +156,7 @@ def lower_program(
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from omni_ros.lowering import cia_ops_collected_once
+    from omni_ros.lowering import cia_ops_collected_once, provenance_shared
     from omni_ros.policy.quantize import quantize_model
 
     start = time.perf_counter()
@@ -170,17 +170,18 @@ def lower_program(
         modules[f"mlp_{j}"] = (float_mlp(spec, copies), copies[spec.first].in_features)
     programs = {}
     rows = torch.export.Dim("rows", min=1, max=ROWS)
-    for i, (method, (module, width)) in enumerate(modules.items()):
-        one = quantize_model(module.eval(), "int8-dynamic")
-        example = (torch.randn(min(8, ROWS), width),)
-        with torch.no_grad():
-            programs[method] = torch.export.export(one, example, dynamic_shapes=({0: rows},))
-        if (i + 1) % 50 == 0:
-            logger.info("int8 xnnpack kernels: traced %d / %d methods", i + 1, len(modules))
-    logger.info("int8 xnnpack kernels: lowering %d methods to XNNPACK (once per checkpoint and CPU)", len(programs))
-    with cia_ops_collected_once():
-        edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
-    (folder / PROGRAM).write_bytes(edge.to_executorch().buffer)
+    with provenance_shared():
+        for i, (method, (module, width)) in enumerate(modules.items()):
+            one = quantize_model(module.eval(), "int8-dynamic")
+            example = (torch.randn(min(8, ROWS), width),)
+            with torch.no_grad():
+                programs[method] = torch.export.export(one, example, dynamic_shapes=({0: rows},))
+            if (i + 1) % 50 == 0:
+                logger.info("int8 xnnpack kernels: traced %d / %d methods", i + 1, len(modules))
+        logger.info("int8 xnnpack kernels: lowering %d methods to XNNPACK (once per checkpoint and CPU)", len(programs))
+        with cia_ops_collected_once():
+            edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+        (folder / PROGRAM).write_bytes(edge.to_executorch().buffer)
     return {
         "methods": {f"linear_{i}": members for i, members in enumerate(grouping)},
         "mlps": {f"mlp_{j}": spec.owner for j, spec in enumerate(mlps)},

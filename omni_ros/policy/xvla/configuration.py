@@ -123,6 +123,11 @@ class XVLAConfig(ChunkConfig):
         return self.model_dim_action
 
     @property
+    def num_domains(self) -> int:
+        """The embodiments one checkpoint serves (calibration spreads its observations across them)."""
+        return self.head.num_domains
+
+    @property
     def tokens_per_camera(self) -> int | None:
         """[mean token, grid tokens] of one view at the resize size (None: images keep their own size)."""
         if not self.resize:
