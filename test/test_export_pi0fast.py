@@ -124,3 +124,11 @@ def test_qnn_onnx_is_refused_for_a_token_decoder(tmp_path):
             num_steps=1,
             name="x",
         )
+
+
+def test_the_qnn_pte_target_is_refused_for_a_token_decoder(tmp_path, monkeypatch):
+    from omni_ros.export.exporter import export_checkpoint
+
+    monkeypatch.delenv("QNN_SDK_ROOT", raising=False)  # refused for the family, before the SDK is looked for
+    with pytest.raises(ValueError, match=r"export a pi0_fast model with --target onnx$"):
+        export_checkpoint(REFERENCE / FIXTURE, tmp_path / "x.pte", target="qnn")

@@ -99,15 +99,14 @@ def export_policy(
     For the ONNX targets `out` is a folder; qnn-onnx calibrates on `calibration` (auto, sim, spec, random or a dataset).
     """
     cfg: Any = model.cfg
-    family = getattr(cfg, "family", "pi0")
+    family, plan = getattr(cfg, "family", "pi0"), stage_plan(cfg)
     if target == "qnn" and family not in QNN_PTE_FAMILIES:
         # Its PT2E calibration draws pi0-layout inputs and runs the velocity-form Euler loop (qnn.calibration_inputs).
+        other = "--target onnx" if plan.token_decoder else "--target qnn-onnx (the HTP through ONNX Runtime's QNN EP)"
         raise ValueError(
-            f"--target qnn exports {' and '.join(QNN_PTE_FAMILIES)} models; export a {family} model for Qualcomm's "
-            "HTP with --target qnn-onnx (ONNX Runtime's QNN execution provider)"
+            f"--target qnn exports {' and '.join(QNN_PTE_FAMILIES)} models; export a {family} model with {other}"
         )
     check_export_target(target, quantize, qnn)
-    plan = stage_plan(cfg)
     methods = tuple(methods or plan.methods)
     if rtc and GUIDED_STEP not in methods:
         methods = (*methods, GUIDED_STEP)
