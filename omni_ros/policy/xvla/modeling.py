@@ -150,9 +150,10 @@ class WindowAttention(nn.Module):
         if hp != h:
             qkv = torch.cat([qkv, pad * torch.ones(b, hp - h, wp, 1, dtype=x.dtype, device=x.device)], dim=1)
         ny, nx = hp // s, wp // s
-        tiles = qkv.view(b, ny, s, nx, s, 3 * c).permute(0, 1, 3, 2, 4, 5).reshape(b * ny * nx, s * s, 3 * c)
+        # Images and window rows share one dimension: 5-D tiles, not 6-D (Qualcomm's HTP takes at most rank 5).
+        tiles = qkv.view(b * ny, s, nx, s, 3 * c).permute(0, 2, 1, 3, 4).reshape(b * ny * nx, s * s, 3 * c)
         q, k, v = (_split_heads(tiles[..., i * c : (i + 1) * c], heads) for i in range(3))
-        out = bmm_attention(q, k, v, None).view(b, ny, nx, s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
+        out = bmm_attention(q, k, v, None).view(b * ny, nx, s, s, c).permute(0, 2, 1, 3, 4).reshape(b, hp, wp, c)
         return self.proj(out[:, :h, :w].reshape(b, h * w, c))
 
 
