@@ -29,6 +29,7 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
+from typing import Any
 
 NAME = "_collect_all_valid_cia_ops"
 
@@ -77,3 +78,13 @@ def provenance_shared() -> Iterator[None]:
 
 def _itself(record: object, memo: dict[int, object]) -> object:
     return record
+
+
+def lower_to_xnnpack(programs: dict[str, Any]) -> Any:
+    """`programs` (method -> torch.export program) lowered to XNNPACK, the composite-op walk done once: the
+    EdgeProgramManager (`.to_executorch()` serializes it). Call inside `provenance_shared()` with the tracing."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    with cia_ops_collected_once():
+        return to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])

@@ -12,7 +12,7 @@ import torch.export.exported_program as exported_program
 import torch.fx.traceback as fx_traceback
 from torch import nn
 
-from omni_ros.lowering import NAME, cia_ops_collected_once, provenance_shared
+from omni_ros.lowering import NAME, cia_ops_collected_once, lower_to_xnnpack, provenance_shared
 
 
 def test_the_walk_is_done_once_inside_and_restored_after():
@@ -66,14 +66,9 @@ def test_provenance_is_shared_inside_and_copied_after():
 
 
 def _lowered(model: nn.Module, x: torch.Tensor, shared: bool) -> bytes:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
     with provenance_shared() if shared else contextlib.nullcontext():
         program = torch.export.export(model, (x,))
-        with cia_ops_collected_once():
-            edge = to_edge_transform_and_lower({"forward": program}, partitioner=[XnnpackPartitioner()])
-        return edge.to_executorch().buffer
+        return lower_to_xnnpack({"forward": program}).to_executorch().buffer
 
 
 def test_programs_lowered_with_shared_provenance_are_the_same_bytes():

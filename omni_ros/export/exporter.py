@@ -23,7 +23,7 @@ from omni_ros.export.report import delegation_report
 from omni_ros.export.rtc_step import NAME as GUIDED_STEP
 from omni_ros.export.rtc_step import GuidedStep, guided_signature
 from omni_ros.export.sidecar import Sidecar, file_sha256, sidecar_path, write_atomic, write_sidecar
-from omni_ros.lowering import cia_ops_collected_once, provenance_shared
+from omni_ros.lowering import cia_ops_collected_once, lower_to_xnnpack, provenance_shared
 from omni_ros.policy.families import stage_plan
 from omni_ros.policy.methods import StagePlan
 from omni_ros.policy.normalize import NormStats
@@ -159,11 +159,7 @@ def export_policy(
                 with cia_ops_collected_once():
                     edge = lower_cuda(programs)
             else:
-                from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-                from executorch.exir import to_edge_transform_and_lower
-
-                with cia_ops_collected_once():
-                    edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+                edge = lower_to_xnnpack(programs)
             timings["lower_s"] = time.perf_counter() - t0
         report = delegation_report(edge, methods)
         t0 = time.perf_counter()

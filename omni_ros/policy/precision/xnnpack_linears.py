@@ -153,10 +153,7 @@ def lower_program(
     `mlp_<j>`, of one program in `folder`."""
     import copy
 
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
-    from omni_ros.lowering import cia_ops_collected_once, provenance_shared
+    from omni_ros.lowering import lower_to_xnnpack, provenance_shared
     from omni_ros.policy.quantize import quantize_model
 
     start = time.perf_counter()
@@ -179,9 +176,7 @@ def lower_program(
             if (i + 1) % 50 == 0:
                 logger.info("int8 xnnpack kernels: traced %d / %d methods", i + 1, len(modules))
         logger.info("int8 xnnpack kernels: lowering %d methods to XNNPACK (once per checkpoint and CPU)", len(programs))
-        with cia_ops_collected_once():
-            edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
-        (folder / PROGRAM).write_bytes(edge.to_executorch().buffer)
+        (folder / PROGRAM).write_bytes(lower_to_xnnpack(programs).to_executorch().buffer)
     return {
         "methods": {f"linear_{i}": members for i, members in enumerate(grouping)},
         "mlps": {f"mlp_{j}": spec.owner for j, spec in enumerate(mlps)},
