@@ -91,6 +91,10 @@ def _import_ray() -> ModuleType:
     return ray
 
 
+# What Serve's proxy raises (inside a RayTaskError) when its port is taken.
+BIND_FAILURE = "Failed to bind to address"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now (Serve's proxy cannot take port 0)."""
     with socket.socket() as s:
@@ -153,18 +157,34 @@ class LocalCluster:
         logger.info("Ray cluster up on 127.0.0.1 (temp dir %s)", self.temp_dir)
         return self
 
-    def start_serve(self, port: int, **options: Any) -> None:
-        """Serve's controller and HTTP proxy, listening on 127.0.0.1:`port` only."""
+    def start_serve(self, port: int | None = None, attempts: int = 3, **options: Any) -> int:
+        """Serve's controller and HTTP proxy, listening on 127.0.0.1 only; returns the proxy's port.
+
+        Serve's proxy cannot bind port 0, so without `port` a free one is picked, and picked again when something
+        took it before the proxy bound it (the cluster's own processes open ephemeral ports while it starts:
+        measured once in ~50 CI runs). An explicit `port` that is taken is an error.
+        """
         from ray import serve
 
         # Serve's driver-side INFO lines ("Started Serve", "Connecting to existing Serve app") are noise here.
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        serve.start(
-            http_options={"host": "127.0.0.1", "port": port, **options},
-            proxy_location="HeadOnly",
-            logging_config={"log_level": "WARNING", "enable_access_log": False},
-        )
-        self._serve_started = True
+        for attempt in range(1, (1 if port is not None else attempts) + 1):
+            chosen = port if port is not None else free_port(options.get("host", "127.0.0.1"))
+            try:
+                serve.start(
+                    http_options={"host": "127.0.0.1", "port": chosen, **options},
+                    proxy_location="HeadOnly",
+                    logging_config={"log_level": "WARNING", "enable_access_log": False},
+                )
+            except Exception as exc:
+                if port is not None or attempt == attempts or BIND_FAILURE not in str(exc):
+                    raise
+                logger.warning("Serve's proxy could not bind 127.0.0.1:%d (taken meanwhile); trying another", chosen)
+                serve.shutdown()  # the controller keeps the first HTTP options; a retry needs a fresh one
+                continue
+            self._serve_started = True
+            return chosen
+        raise AssertionError("unreachable")
 
     def stop(self) -> None:
         """Serve, then Ray, then whatever of this cluster still runs; idempotent."""
@@ -248,12 +268,13 @@ class RemoteCluster:
         _import_ray().init(address=self.address, logging_level=logging.WARNING)
         return self
 
-    def start_serve(self, port: int, **options: Any) -> None:
+    def start_serve(self, port: int, **options: Any) -> int:
         """Serve on the cluster; its HTTP options apply only when Serve is not running there yet."""
         from ray import serve
 
         serve.start(http_options={"host": "127.0.0.1", "port": port, **options})
         self._deployed = True
+        return port
 
     def stop(self) -> None:
         ray = sys.modules.get("ray")

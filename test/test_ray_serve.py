@@ -7,8 +7,9 @@ One in-process Ray cluster on 127.0.0.1, with Serve's direct ingress on, serves 
             Serve's proxy once, which `serve run` users get)
   /libero   fused, 1 replica of the echo policy, LIBERO key map, a 1 MiB message cap
   /two-hop  two-hop, an ingress and 2 echo policy replicas, DROID key map
-The real openpi-client drives them; actions must equal those of the single-process server. Last, the
-same cluster runs `eval --ray` on three bags, whose report must be the serial run's.
+Serve's proxy is first offered a port something else holds (it must move to another). The real openpi-client
+drives them; actions must equal those of the single-process server. Last, the same cluster runs `eval --ray` on
+three bags, whose report must be the serial run's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,11 +28,12 @@ from openpi_client import msgpack_numpy as openpi_codec
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+import omni_ros.cluster
 from helpers.bridge_policies import EchoPolicy, expected_actions
 from helpers.bridge_util import droid_obs, healthz, libero_obs, raw_client, wait_for
 from helpers.listening import listeners
 from omni_ros.backends.remote import RemotePolicy
-from omni_ros.cluster import DIRECT_INGRESS_ENV, LocalCluster, free_port, processes_under
+from omni_ros.cluster import DIRECT_INGRESS_ENV, LocalCluster, processes_under
 from omni_ros.config import PolicyConfig
 from omni_ros.eval.evaluate import evaluate
 from omni_ros.eval.schema import validate
@@ -54,6 +57,7 @@ class Endpoints(NamedTuple):
     url: str  # the balancer in front of the "/" application's replicas
     proxy: str  # Serve's proxy: every application under its route prefix
     balancer: TcpBalancer
+    taken_port: int  # the port the proxy was first offered, which something else held
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +69,18 @@ def cluster():
     # The replicas import the test helpers (the echo policy factory).
     path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
     cluster = LocalCluster(num_cpus=4, env={"PYTHONPATH": path, **DIRECT_INGRESS_ENV}).start()
-    port = free_port()
-    cluster.start_serve(port)
+    # The first free port the proxy is offered gets taken before it binds (what the cluster's own processes
+    # once did in CI): start_serve must move on to another one.
+    squatter = socket.create_server(("127.0.0.1", 0))
+    taken = squatter.getsockname()[1]
+    offers = iter([taken])
+    real_free_port = omni_ros.cluster.free_port
+    omni_ros.cluster.free_port = lambda host="127.0.0.1": next(offers, None) or real_free_port(host)
+    try:
+        port = cluster.start_serve()
+    finally:
+        omni_ros.cluster.free_port = real_free_port
+        squatter.close()
     balancer = None
     apps = {
         "/": RaySpec(serve=ServeConfig(keymap="droid", api_key=KEY), policy=TINY, replicas=2),
@@ -80,7 +94,7 @@ def cluster():
             spec.graceful_shutdown_s = 1.0
             serve.run(application(spec), name=route.strip("/") or "droid", route_prefix=route)
         balancer = TcpBalancer("127.0.0.1", 0, replica_targets("droid")).start(wait_for_targets_s=30)
-        yield Endpoints(cluster, f"ws://127.0.0.1:{balancer.port}", f"ws://127.0.0.1:{port}", balancer)
+        yield Endpoints(cluster, f"ws://127.0.0.1:{balancer.port}", f"ws://127.0.0.1:{port}", balancer, taken)
     finally:
         if balancer is not None:
             balancer.stop()
@@ -143,6 +157,14 @@ def test_every_cluster_process_listens_on_loopback_only(cluster):
     # bind_replica_grpc_to_node_ip. The replicas' direct-ingress ports are 127.0.0.1 too.
     assert [p for p in ports if not p.loopback] == []
     assert {port for _host, port in cluster.balancer.targets} <= {p.port for p in ports}
+
+
+def test_the_proxy_moved_off_a_port_taken_before_it_bound(cluster):
+    proxy_port = int(cluster.proxy.rsplit(":", 1)[1])
+    assert proxy_port != cluster.taken_port
+    assert proxy_port in {p.port for p in listeners(processes_under(cluster.cluster.temp_dir))}
+    status, body = healthz(proxy_port, path="/-/healthz")
+    assert status == 200, body
 
 
 def test_api_key_is_checked_by_the_replica(cluster):

@@ -95,7 +95,6 @@ def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
     # port (Serve's direct ingress); Serve's proxy listens on a port of its own beside it. On a running
     # cluster (--ray-address) clients connect to Serve's proxy.
     balancer: Any = None
-    proxy_port = free_port(serve.host) if not args.ray_address else (serve.port or free_port(serve.host))
 
     stop = threading.Event()
     start = time.monotonic()
@@ -104,7 +103,9 @@ def run_on_ray(args: argparse.Namespace, config: OmniConfig) -> int:
         # After ray.init, which installs a SIGTERM handler of its own.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        cluster.start_serve(proxy_port, host=serve.host)
+        # A local cluster's proxy takes a free port (clients use the balancer); a running cluster's, --port.
+        remote_port = (serve.port or free_port(serve.host)) if args.ray_address else None
+        proxy_port = cluster.start_serve(remote_port, host=serve.host)
         from omni_ros.serving.ray_serve import RaySpec, deploy, replica_targets
 
         spec = RaySpec(

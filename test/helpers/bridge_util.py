@@ -79,10 +79,10 @@ def echo_server(keymap_name: str = "droid", **config: Any) -> tuple[ServerThread
     return ServerThread(policy, serve_config, keymap), policy, keymap
 
 
-def healthz(port: int, timeout: float = 5.0) -> tuple[int, str]:
+def healthz(port: int, timeout: float = 5.0, path: str = "/healthz") -> tuple[int, str]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", "/healthz")
+        conn.request("GET", path)
         response = conn.getresponse()
         return response.status, response.read().decode()
     finally:
