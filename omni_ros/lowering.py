@@ -21,11 +21,18 @@ for byte, in 0.86x the time for the tiny preset in float32 and 0.94-0.97x for in
 bench/results/lowering.json).
 
 Where torch's private names move, the contexts do nothing: lowering is then only slower, never different.
+
+The tanh GELU written out (`write_out_tanh_gelu`): XNNPACK's GELU is the exact one, and its partitioner takes
+`aten.gelu(approximate="tanh")` all the same. The models' export forms avoid that op (layers.gelu), but a graph
+traced with autograd on (a guided RTC step, export/rtc_step.py) holds it: X-VLA's head, whose MLPs use the tanh
+GELU, computed its guided step 9.6e-5 away from the traced graph (portable kernels: 2.7e-7). Every program is
+lowered with that op written out in elementary ops, which XNNPACK delegates as they are.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -81,10 +88,47 @@ def _itself(record: object, memo: dict[int, object]) -> object:
 
 
 def lower_to_xnnpack(programs: dict[str, Any]) -> Any:
-    """`programs` (method -> torch.export program) lowered to XNNPACK, the composite-op walk done once: the
-    EdgeProgramManager (`.to_executorch()` serializes it). Call inside `provenance_shared()` with the tracing."""
+    """`programs` (method -> torch.export program) lowered to XNNPACK, the composite-op walk done once, the tanh
+    GELU written out: the EdgeProgramManager (`.to_executorch()` serializes it). Call inside `provenance_shared()`
+    with the tracing."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
+    for program in programs.values():
+        write_out_tanh_gelu(program)
     with cia_ops_collected_once():
         return to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+
+
+def write_out_tanh_gelu(program: Any) -> int:
+    """Replace each `aten.gelu(x, approximate="tanh")` of a torch.export program by
+    0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in place; returns how many (module docstring: why)."""
+    import torch
+
+    aten = torch.ops.aten
+    graph = program.graph_module.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != aten.gelu.default:
+            continue
+        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        if approximate != "tanh":
+            continue
+        x = node.args[0]
+
+        def op(target: Any, *args: Any, like: Any = node) -> Any:
+            new = graph.call_function(target, args)
+            new.meta = dict(like.meta)  # elementwise: the GELU's shape and dtype
+            return new
+
+        with graph.inserting_before(node):
+            cube = op(aten.mul.Tensor, op(aten.mul.Tensor, x, x), x)
+            inner = op(aten.add.Tensor, x, op(aten.mul.Tensor, cube, 0.044715))
+            tanh = op(aten.tanh.default, op(aten.mul.Tensor, inner, math.sqrt(2.0 / math.pi)))
+            out = op(aten.mul.Tensor, op(aten.mul.Tensor, x, 0.5), op(aten.add.Tensor, tanh, 1.0))
+        node.replace_all_uses_with(out)
+        graph.erase_node(node)
+        count += 1
+    if count:
+        program.graph_module.recompile()
+    return count

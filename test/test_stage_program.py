@@ -189,7 +189,7 @@ def test_auto_picks_the_program_where_it_serves_the_checkpoint_and_the_caller(mo
     assert refusal("pi0", VNNI, {}) is None and refusal("smolvla", VNNI, {}) is None
     assert refusal("xvla", VNNI, {}) is None and refusal("xvla", VNNI, {}, "inpaint") is None
     assert refusal("pi0", VNNI, {}, "guided") is None  # its program carries the guided step
-    assert "inpainting only" in refusal("xvla", VNNI, {}, "guided")  # an X-VLA program has none
+    assert refusal("xvla", VNNI, {}, "guided") is None  # X-VLA's, in its x0 form
     arm = CpuFeatures(arch="aarch64", model="test arm", flags=frozenset({"asimddp"}))
     assert "x86" in refusal("pi0", arm, {})
     assert "does not export" in refusal("pi0_fast", VNNI, {})
@@ -211,11 +211,14 @@ def test_auto_picks_the_program_where_it_serves_the_checkpoint_and_the_caller(mo
     with pytest.raises(_Asked):
         load_checkpoint(REFERENCE / "xvla_1cam", precision="auto", cache_dir=str(tmp_path), rtc_method="inpaint")
     assert len(no_export) == 3 and no_export[2][-2:] == ["encode", "denoise_step"]
-    # ... and hands a load the program cannot serve (guided RTC on X-VLA) to the per-linear kernels.
+    with pytest.raises(_Asked):
+        load_checkpoint(REFERENCE / "xvla_1cam", precision="auto", cache_dir=str(tmp_path), rtc_method="guided")
+    assert len(no_export) == 4 and no_export[3][-3:] == ["encode", "denoise_step", "guided_step"]
+    # ... and hands a load the program cannot serve (policy.compile) to the per-linear kernels.
     asked: list[dict] = []
     monkeypatch.setattr(loading, "load", lambda path, **options: asked.append(options) or "per-linear")
-    assert load_checkpoint(REFERENCE / "xvla_1cam", precision="auto", rtc_method="guided") == "per-linear"
-    assert [o.get("int8_kernel", "auto") for o in asked] == ["auto"] and len(no_export) == 3
+    assert load_checkpoint(REFERENCE / "xvla_1cam", precision="auto", compile=True) == "per-linear"
+    assert [o.get("int8_kernel", "auto") for o in asked] == ["auto"] and len(no_export) == 4
     assert loading.resolve_precision("auto", int8_kernel="auto").kernel == "xnnpack"  # the torch layer's own
 
 

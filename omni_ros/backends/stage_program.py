@@ -21,9 +21,8 @@ progress in this log.
 the load allows it (`auto_program_refusal`: a pi0 / pi0.5 / SmolVLA / X-VLA folder, no `policy.compile`, no
 tokenizer outside the folder). A caller under guided real-time chunking (the node with `control.rtc.method:
 guided`) gets the program with its guided step too (export/rtc_step.py: the backward pass traced and its products
-int8 as well), a cache entry of its own; without it the program serves RTC by inpainting. X-VLA's program has no
-guided step (its x0-form guidance is autograd through the torch kernels), so under guided RTC `auto` keeps
-X-VLA's per-linear kernels. The first load exports the whole model (about 50 s for a tiny fixture, 139 s for the
+int8 as well; X-VLA's in its x0 form), a cache entry of its own; without it the program serves RTC by inpainting.
+The first load exports the whole model (about 50 s for a tiny fixture, 139 s for the
 edge pi0 on that CPU, about 5 minutes for a full-size SmolVLA, 6 for X-VLA; the per-linear kernels took 163 and 355 s
 to build there for the first two). ExecuTorch's Python binding holds the GIL
 while a method runs, so where a control loop shares the process (the policy node) the program runs in a child
@@ -182,7 +181,6 @@ def auto_program_refusal(
     from omni_ros.policy.families import stage_plan
 
     if rtc_method == "guided" and GUIDED_STEP not in stage_plan(family).optional:
-        # (X-VLA's: its guidance is autograd through the torch kernels)
         return (
             f"guided real-time chunking asked for, and a {PROGRAM_FAMILIES[family]} program has no guided step "
             "(it serves RTC by inpainting only)"

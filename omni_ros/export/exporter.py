@@ -212,7 +212,7 @@ def bundle_fast_tokenizer(cfg: Any, folder: Path, name: str) -> Any:
 def _signatures(plan: StagePlan, cfg: Any, methods: tuple[str, ...] | list[str]) -> dict[str, Any]:
     sigs = plan.signatures(cfg)
     if GUIDED_STEP in methods:
-        sigs[GUIDED_STEP] = guided_signature(sigs["denoise_step"], cfg.action_horizon)
+        sigs[GUIDED_STEP] = guided_signature(sigs["denoise_step"], cfg.action_horizon, plan.guidance)
     return sigs
 
 

@@ -5,6 +5,11 @@
 
 (pi0: prefix_mask, state, x_t, t, target, ...; SmolVLA: prefix_mask, x_t, t, target, ...)
 
+A family whose denoise_step predicts the clean action (X-VLA, `StagePlan.guidance == "clean"`) gets that form:
+
+    guided_step(<denoise_step's inputs up to t>, target, target_high, weights, scale) -> guided clean estimate
+        = x0 + scale * [(Y - x0) * weights]^T dx0/dx_t,  x0 = denoise_step(...),  Y = clamp(x0, target, target_high)
+
 `torch.export` cannot take `torch.autograd.grad` or `torch.func.vjp` inside a forward (verified with torch
 2.13: "Cannot access data pointer of Tensor that doesn't have storage" / a fake tensor among the constants).
 `make_fx` can: it runs autograd while tracing and records forward and backward as plain ATen ops, decomposed
@@ -26,32 +31,44 @@ import torch
 from torch import fx, nn
 
 from omni_ros.policy.methods import GUIDED_STEP, MethodSignature, StagePlan, TensorSpec
-from omni_ros.policy.rtc import autograd_guided_step
+from omni_ros.policy.rtc import autograd_guided_clean, autograd_guided_step
 
 NAME = GUIDED_STEP
 aten = torch.ops.aten
 
 
-def guided_signature(denoise: MethodSignature, horizon: int) -> MethodSignature:
-    """denoise_step's inputs with target (like x_t), weights (H,) and weight (B,) after t, before the KV cache."""
+def guided_signature(denoise: MethodSignature, horizon: int, form: str = "velocity") -> MethodSignature:
+    """denoise_step's inputs with the guidance inputs after t, before the KV cache: target (like x_t), weights
+    (H,) and weight (B,); the clean form target, target_high, weights and scale (B,)."""
     names = [spec.name for spec in denoise.inputs]
     x_t, at = denoise.inputs[names.index("x_t")], names.index("t") + 1
-    extra = (
-        TensorSpec("target", x_t.shape, "float32"),
-        TensorSpec("weights", (horizon,), "float32"),
-        TensorSpec("weight", (x_t.shape[0],), "float32"),
-    )
+    weights = TensorSpec("weights", (horizon,), "float32")
+    per_sample = (x_t.shape[0],)
+    if form == "clean":
+        extra: tuple[TensorSpec, ...] = (
+            TensorSpec("target", x_t.shape, "float32"),
+            TensorSpec("target_high", x_t.shape, "float32"),
+            weights,
+            TensorSpec("scale", per_sample, "float32"),
+        )
+    else:
+        extra = (TensorSpec("target", x_t.shape, "float32"), weights, TensorSpec("weight", per_sample, "float32"))
     return MethodSignature(NAME, (*denoise.inputs[:at], *extra, *denoise.inputs[at:]), denoise.outputs)
 
 
-def _guided(step: nn.Module, x_at: int):
+def _guided(step: nn.Module, x_at: int, form: str = "velocity"):
     """The guided step over `step` (denoise_step), whose x_t is input `x_at` and t the next one: the torch
-    runner's own autograd step (`rtc.autograd_guided_step`), traced."""
+    runner's own autograd step (`rtc.autograd_guided_step`; the clean form `rtc.autograd_guided_clean`), traced."""
+    extra = 6 if form == "clean" else 5  # x_t, t and the guidance inputs
 
     def guided(*inputs: torch.Tensor) -> torch.Tensor:
-        before, (x_t, t, target, weights, weight), kv = inputs[:x_at], inputs[x_at : x_at + 5], inputs[x_at + 5 :]
-        velocity = autograd_guided_step(lambda x, t_: step(*before, x, t_, *kv))
-        return velocity(x_t, t, target, weights, weight)
+        before, own, kv = inputs[:x_at], inputs[x_at : x_at + extra], inputs[x_at + extra :]
+
+        def run(x: torch.Tensor, t_: torch.Tensor) -> torch.Tensor:
+            return step(*before, x, t_, *kv)
+
+        make = autograd_guided_clean if form == "clean" else autograd_guided_step
+        return make(run)(*own)
 
     return guided
 
@@ -128,7 +145,7 @@ class GuidedStep(nn.Module):
             # torch's stub types the table as a Mapping of OpOverloads; core_aten_decompositions returns its
             # CustomDecompTable, which is that Mapping at run time.
             table = core_aten_decompositions()
-            guided = _guided(step, names.index("x_t"))
+            guided = _guided(step, names.index("x_t"), plan.guidance)
             self.traced = make_fx(guided, decomposition_table=table)(*example)  # type: ignore[arg-type]
         finally:
             for p, flag in zip(model.parameters(), frozen, strict=True):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -34,7 +34,8 @@ from omni_ros.policy.inputs import ModelInputs
 RunMethod = Callable[[str, list[torch.Tensor]], list[torch.Tensor]]
 # A runtime's sampler over the staged methods, `sample(velocity, guided) -> actions`: velocity(x_t, t) runs
 # denoise_step over the prefix cache, guided(x_t, t, target, weights, weight) the exported guided RTC step
-# (where the program has one). None: plain Euler steps.
+# (where the program has one; X-VLA's clean form: guided(x_t, t, target, target_high, weights, scale)).
+# None: plain Euler steps.
 SampleFn = Callable[[Callable[..., torch.Tensor], Callable[..., torch.Tensor]], torch.Tensor]
 # Exported only when asked for (`omni-ros export --rtc`): the guided real-time-chunking step (export/rtc_step.py).
 GUIDED_STEP = "guided_step"
@@ -162,9 +163,13 @@ class StagePlan:
     # Why real-time chunking does not apply, where it does not (a token decoder): said at configure time.
     rtc_refusal: str = ""
     # A family whose step is not a velocity (X-VLA's clean estimate) samples its own way in a runtime:
-    # (cfg, noise, num_steps, rtc) -> the `sample` its run_staged takes, RTC by inpainting only (no guided step).
+    # (cfg, noise, num_steps, rtc) -> the `sample` its run_staged takes (both RTC methods).
     # None: the runtimes' Euler and RTC samplers over the velocity (omni_ros/backends/exported.py).
     sampler: Callable[..., SampleFn] | None = None
+    # What the guided step (GUIDED_STEP, export/rtc_step.py) computes from denoise_step: "velocity" (u - weight g,
+    # inputs target, weights, weight) or "clean" for a step that predicts the clean action (x0_hat + scale g,
+    # inputs target, target_high, weights, scale: omni_ros.policy.rtc.autograd_guided_clean).
+    guidance: Literal["velocity", "clean"] = "velocity"
 
     def check_methods(self, methods: tuple[str, ...] | list[str]) -> None:
         known = (*self.methods, *self.optional)

@@ -166,6 +166,29 @@ def autograd_guided_step(velocity: VelocityFn) -> GuidedStepFn:
 # (x_t (B, H, D), t (B,)) -> the network's clean estimate x0_hat (B, H, D): the network of a sampler that
 # predicts the clean action rather than a velocity (X-VLA).
 CleanFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# (x_t, t, target, target_high, weights W, scale (B,)) -> x0_hat + scale * g: one guided clean estimate with its
+# scale t w(t) computed outside (`autograd_guided_clean`, or a program's traced guided step).
+GuidedCleanFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]
+
+
+def autograd_guided_clean(clean: CleanFn) -> GuidedCleanFn:
+    """`guided_clean`'s step by autograd: x0_hat + scale * [(Y - x0_hat) * W]^T dx0_hat/dx_t, Y x0_hat's
+    projection onto [target, target_high] (target_high = target: Y = target). What a program traces as its
+    guided step (export/rtc_step.py), and what `guided_clean` runs without one."""
+
+    def step(x_t, t, target, target_high, weights, scale):
+        _refuse_inference_mode()
+        with torch.enable_grad():
+            x = x_t.detach().requires_grad_(True)
+            x0 = clean(x, t)
+            y = torch.maximum(torch.minimum(x0.detach(), target_high.to(x0.dtype)), target.to(x0.dtype))
+            error = (y - x0) * _broadcast_weights(weights, x0)
+            (g,) = torch.autograd.grad(x0, x, error)
+        return (x0 + scale.reshape(-1, 1, 1).to(x0.dtype) * g).detach()
+
+    return step
 
 
 def guided_clean(
@@ -176,6 +199,7 @@ def guided_clean(
     weights: torch.Tensor,
     max_weight: float,
     target_high: torch.Tensor | None = None,
+    guided: GuidedCleanFn | None = None,
 ) -> torch.Tensor:
     """The guided clean estimate of one step of an x0-predicting sampler: x0_hat + t w(t) g,
     g = [(Y - x0_hat) * W]^T dx0_hat/dx_t (see the module docstring: `guided_velocity`'s step, in x0 terms).
@@ -183,20 +207,17 @@ def guided_clean(
     `target_high`: Y is the interval [target, target_high] per entry, the error is x0_hat's distance to it (0
     inside): a bound of -inf / +inf makes the pull one-sided, both infinite no pull (a channel the old plan says
     nothing about, or a logit whose sigmoid the plan has saturated). Without it, Y = target.
+    `guided`: the step that computes x0_hat + scale g (a program's traced one); default autograd through `clean`.
     """
-    _refuse_inference_mode()
     if max_weight == 0 or not bool(torch.any(weights != 0)):
         with torch.no_grad():
             return clean(x_t, t)
+    if guided is None:
+        _refuse_inference_mode()
     w = guidance_weight(t.reshape(t.shape[0], -1)[:, 0], max_weight).to(x_t.device, x_t.dtype)
-    with torch.enable_grad():
-        x = x_t.detach().requires_grad_(True)
-        x0 = clean(x, t)
-        low = target.to(x0.dtype)
-        y = low if target_high is None else torch.maximum(torch.minimum(x0.detach(), target_high.to(x0.dtype)), low)
-        error = (y - x0) * _broadcast_weights(weights, x0)
-        (g,) = torch.autograd.grad(x0, x, error)
-    return (x0 + (t.reshape(t.shape[0], 1, 1).to(x0.dtype) * w[:, None, None].to(x0.dtype)) * g).detach()
+    scale = t.reshape(t.shape[0], -1)[:, 0].to(x_t.dtype) * w
+    high = target if target_high is None else target_high
+    return (guided or autograd_guided_clean(clean))(x_t, t, target, high, weights, scale)
 
 
 def inpainted_clean(

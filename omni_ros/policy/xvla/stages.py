@@ -3,6 +3,8 @@
     encode(images, image_masks, tokens, domain_id)              -> context  (the head's tokens, projected)
     denoise_step(context, domain_id, state, x_t, t)             -> clean    (the network's clean estimate)
     sample(images, image_masks, tokens, state, domain_id, noise) -> actions (the whole loop, fused)
+    guided_step(context, domain_id, state, x_t, t, target, target_high, weights, scale) -> guided clean
+        (optional: `omni-ros export --rtc`; the x0 form's guided RTC estimate, omni_ros.policy.rtc.guided_clean)
 
 `domain_id` (B,) int64 is an input of every method, so one program serves every embodiment of a
 cross-embodiment checkpoint (the processor checks it against the checkpoint's domains before any program runs).
@@ -18,9 +20,9 @@ zeroed (eager skips them and writes zeros: the same tokens); the image size is t
 resize_imgs_with_padding, so a checkpoint without one has no program form.
 
 Real-time chunking: a runtime's own RTC samplers are the velocity form, so the plan hands runtimes X-VLA's
-(`staged_sampler`): hard inpainting of the prefix's clean estimates, as the torch backend does it
-(omni_ros.policy.xvla.rtc_hooks). Guided RTC needs a vector-Jacobian product through the head, which a program
-has no method for: the torch backend serves it.
+(`staged_sampler`), both methods as the torch backend runs them (omni_ros.policy.xvla.rtc_hooks): hard
+inpainting of the prefix's clean estimates, and guided RTC through the program's `guided_step` (the
+vector-Jacobian product through the head, traced ahead of time by export/rtc_step.py) where it was exported.
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ import torch
 from torch import nn
 
 from omni_ros.policy.inputs import ModelInputs
-from omni_ros.policy.methods import MethodSignature, RunMethod, SampleFn, Stage, StagePlan, TensorSpec
+from omni_ros.policy.methods import GUIDED_STEP, MethodSignature, RunMethod, SampleFn, Stage, StagePlan, TensorSpec
 from omni_ros.policy.pipeline import StageClock
-from omni_ros.policy.rtc import RtcPlan
-from omni_ros.policy.rtc_request import RtcError
+from omni_ros.policy.rtc import GuidedCleanFn, RtcPlan
 from omni_ros.policy.xvla.action_space import build_action_space
 from omni_ros.policy.xvla.configuration import XVLAConfig
 from omni_ros.policy.xvla.modeling import CleanStep, HeadContext, XVLAModel
@@ -195,25 +196,19 @@ def _domain(inputs: ModelInputs) -> torch.Tensor:
 
 def staged_sampler(cfg: XVLAConfig, noise: torch.Tensor, num_steps: int, rtc: RtcPlan | None) -> SampleFn:
     """X-VLA's loop for a runtime, over its `step(x_t, t) -> clean estimate`: the chunk after the action space's
-    postprocess, continuing `rtc`'s old plan by inpainting where that is given (the only method a program's step
-    serves: guided RTC needs autograd through the head)."""
+    postprocess, continuing `rtc`'s old plan where that is given (inpainting, or guided through the program's
+    guided step: `sample(step, guided)`, guided(x_t, t, target, target_high, weights, scale))."""
     space = build_action_space(cfg.action_mode, cfg.action_dim, cfg.model_dim_action)
-    hook = None
-    if rtc is not None:
-        if rtc.request.method != "inpaint":
-            raise RtcError(f"an X-VLA program serves rtc method 'inpaint' only, not '{rtc.request.method}'")
-        hook = estimate_hook(space, cfg.action_dim, rtc, noise.shape[1], num_steps, noise.dtype)
 
-    def sample(step: CleanStep, guided_step: Callable[..., torch.Tensor]) -> torch.Tensor:
-        estimate = step if hook is None else (lambda x_t, t: hook(step, x_t, t))
+    def sample(step: CleanStep, guided: GuidedCleanFn) -> torch.Tensor:
+        estimate = step
+        if rtc is not None:
+            hook = estimate_hook(space, cfg.action_dim, rtc, noise.shape[1], num_steps, noise.dtype, guided=guided)
+            estimate = lambda x_t, t: hook(step, x_t, t)  # noqa: E731
         actions = space.postprocess(clean_loop(estimate, noise, num_steps))
         return actions if rtc is None else keep_old_prefix(actions, rtc, cfg.action_dim)
 
     return sample
-
-
-def _no_guided_step(*_: torch.Tensor) -> torch.Tensor:
-    raise RtcError("an X-VLA program has no guided step (guided RTC runs on the torch backend)")
 
 
 def run_staged(
@@ -226,7 +221,8 @@ def run_staged(
     sample: SampleFn | None = None,
 ) -> torch.Tensor:
     """One inference: encode once, then X-VLA's own loop over denoise_step (`sample`: the runtime's
-    `staged_sampler`, None for a plain chunk)."""
+    `staged_sampler`, None for a plain chunk; its guided RTC calls guided_step, which runtimes offer only where
+    the program has it)."""
     domain = _domain(inputs)
     # Cloned: a runtime may hand back its output buffer, which the next call overwrites.
     context = run("encode", [inputs.images, inputs.image_masks, inputs.tokens, domain])[0].clone()
@@ -236,7 +232,11 @@ def run_staged(
     def step(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return run("denoise_step", [context, domain, inputs.state, x_t, t])[0].clone()
 
-    actions = (sample or staged_sampler(cfg, noise, num_steps, None))(step, _no_guided_step)
+    def guided(x_t, t, target, target_high, weights, scale) -> torch.Tensor:
+        bound = [context, domain, inputs.state, x_t, t, target, target_high, weights, scale]
+        return run(GUIDED_STEP, bound)[0].clone()
+
+    actions = (sample or staged_sampler(cfg, noise, num_steps, None))(step, guided)
     clock.lap("denoise_ms")
     return actions
 
@@ -256,4 +256,6 @@ XVLA = StagePlan(
     run_staged=run_staged,
     fused_inputs=fused_inputs,
     sampler=staged_sampler,
+    optional=(GUIDED_STEP,),
+    guidance="clean",
 )
