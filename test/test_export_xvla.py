@@ -110,7 +110,7 @@ def test_sidecars_and_the_backend_factory(exports):
         (domain,) = [s for s in method.inputs if s.name == "domain_id"]
         assert domain.dtype == "int64" and domain.shape == (1,)
     for method, report in sidecar.delegation.items():
-        for heavy in ("linear", "bmm", "convolution"):
+        for heavy in ("linear", "mm", "addmm", "bmm", "convolution"):  # (the guided step's traced products too)
             assert heavy not in report["portable"], (method, report["portable"])
         # The export forms keep norms and attention inside XNNPACK (torch's LayerNorm and SDPA export as ops it
         # leaves to the portable kernels: a LayerNorm, and a softmax's all-masked-row guard).

@@ -22,7 +22,9 @@ int8). So the step is traced in float32, and every product with a constant weigh
 backward (g @ W), becomes an `nn.Linear` of the graph again (`constant_products_to_linears`), quantized with the
 recipe of the other methods: the forward's linears are the very int8 layers of `denoise_step`, the backward's
 hold W^T quantized per its own rows (the straight-through gradient of the int8 forward, in int8). On the tiny
-preset all 37 products (forward and backward) lowered to XNNPACK's int8 kernels.
+preset all 37 products (forward and backward) lowered to XNNPACK's int8 kernels. A float32 step gets the same
+linears (unquantized): traced as `mm(x, permute(W))`, X-VLA's 17 products stayed on ExecuTorch's portable kernels,
+as linears XNNPACK runs them (the same numbers: its guided chunks 3e-7 from eager either way).
 """
 
 from __future__ import annotations
@@ -150,8 +152,9 @@ class GuidedStep(nn.Module):
         finally:
             for p, flag in zip(model.parameters(), frozen, strict=True):
                 p.requires_grad_(flag)
+        # Products with weights as linears in float32 too (module docstring: XNNPACK runs them then).
+        self.products = constant_products_to_linears(self.traced)
         if quantize != "none":
-            self.products = constant_products_to_linears(self.traced)
             quantize_model(self.traced, quantize)
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
