@@ -139,8 +139,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--rtc",
         action="store_true",
         help="also export guided_step, the guided real-time-chunking step (a traced backward pass; xnnpack float32 "
-        "or int8-dynamic, cuda float32; pi0, pi0.5, SmolVLA); without it, exported programs serve RTC by hard "
-        "prefix inpainting",
+        "or int8-dynamic, cuda float32; pi0, pi0.5, SmolVLA, X-VLA in its x0 form); without it, exported programs "
+        "serve RTC by hard prefix inpainting",
     )
     p.add_argument("--num-steps", type=int, help="Euler steps of the fused sample method (default: the model's)")
     p.add_argument(
