@@ -168,7 +168,8 @@ class LocalCluster:
 
         # Serve's driver-side INFO lines ("Started Serve", "Connecting to existing Serve app") are noise here.
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        for attempt in range(1, (1 if port is not None else attempts) + 1):
+        tries = 1 if port is not None else attempts
+        for attempt in range(1, tries + 1):
             chosen = port if port is not None else free_port(options.get("host", "127.0.0.1"))
             try:
                 serve.start(
@@ -177,7 +178,7 @@ class LocalCluster:
                     logging_config={"log_level": "WARNING", "enable_access_log": False},
                 )
             except Exception as exc:
-                if port is not None or attempt == attempts or BIND_FAILURE not in str(exc):
+                if attempt == tries or BIND_FAILURE not in str(exc):
                     raise
                 logger.warning("Serve's proxy could not bind 127.0.0.1:%d (taken meanwhile); trying another", chosen)
                 serve.shutdown()  # the controller keeps the first HTTP options; a retry needs a fresh one

@@ -29,6 +29,8 @@ as linears XNNPACK runs them (the same numbers: its guided chunks 3e-7 from eage
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import fx, nn
 
@@ -39,38 +41,42 @@ NAME = GUIDED_STEP
 aten = torch.ops.aten
 
 
+# The guided step of each `StagePlan.guidance` form: the torch runner's autograd step it traces, and the inputs it
+# takes between denoise_step's t and the KV cache (`like`: "x_t" a chunk's shape, "horizon" (H,), "batch" (B,)).
+FORMS: dict[
+    str, tuple[Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]], tuple[tuple[str, str], ...]]
+] = {
+    "velocity": (autograd_guided_step, (("target", "x_t"), ("weights", "horizon"), ("weight", "batch"))),
+    "clean": (
+        autograd_guided_clean,
+        (("target", "x_t"), ("target_high", "x_t"), ("weights", "horizon"), ("scale", "batch")),
+    ),
+}
+
+
 def guided_signature(denoise: MethodSignature, horizon: int, form: str = "velocity") -> MethodSignature:
-    """denoise_step's inputs with the guidance inputs after t, before the KV cache: target (like x_t), weights
-    (H,) and weight (B,); the clean form target, target_high, weights and scale (B,)."""
+    """denoise_step's inputs with the form's guidance inputs after t, before the KV cache (`FORMS`)."""
     names = [spec.name for spec in denoise.inputs]
     x_t, at = denoise.inputs[names.index("x_t")], names.index("t") + 1
-    weights = TensorSpec("weights", (horizon,), "float32")
-    per_sample = (x_t.shape[0],)
-    if form == "clean":
-        extra: tuple[TensorSpec, ...] = (
-            TensorSpec("target", x_t.shape, "float32"),
-            TensorSpec("target_high", x_t.shape, "float32"),
-            weights,
-            TensorSpec("scale", per_sample, "float32"),
-        )
-    else:
-        extra = (TensorSpec("target", x_t.shape, "float32"), weights, TensorSpec("weight", per_sample, "float32"))
+    shapes = {"x_t": x_t.shape, "horizon": (horizon,), "batch": (x_t.shape[0],)}
+    extra = tuple(TensorSpec(name, shapes[like], "float32") for name, like in FORMS[form][1])
     return MethodSignature(NAME, (*denoise.inputs[:at], *extra, *denoise.inputs[at:]), denoise.outputs)
 
 
 def _guided(step: nn.Module, x_at: int, form: str = "velocity"):
     """The guided step over `step` (denoise_step), whose x_t is input `x_at` and t the next one: the torch
-    runner's own autograd step (`rtc.autograd_guided_step`; the clean form `rtc.autograd_guided_clean`), traced."""
-    extra = 6 if form == "clean" else 5  # x_t, t and the guidance inputs
+    runner's own autograd step of the form (`FORMS`: `rtc.autograd_guided_step`, `rtc.autograd_guided_clean`),
+    traced."""
+    make, guidance = FORMS[form]
+    own = 2 + len(guidance)  # x_t, t and the guidance inputs
 
     def guided(*inputs: torch.Tensor) -> torch.Tensor:
-        before, own, kv = inputs[:x_at], inputs[x_at : x_at + extra], inputs[x_at + extra :]
+        before, mine, kv = inputs[:x_at], inputs[x_at : x_at + own], inputs[x_at + own :]
 
         def run(x: torch.Tensor, t_: torch.Tensor) -> torch.Tensor:
             return step(*before, x, t_, *kv)
 
-        make = autograd_guided_clean if form == "clean" else autograd_guided_step
-        return make(run)(*own)
+        return make(run)(*mine)
 
     return guided
 
