@@ -115,6 +115,11 @@ def test_sidecars_and_the_backend_factory(exports):
         # The export forms keep norms and attention inside XNNPACK (torch's LayerNorm and SDPA export as ops it
         # leaves to the portable kernels: a LayerNorm, and a softmax's all-masked-row guard).
         assert not {"native_layer_norm", "logical_not"} & set(report["portable"]), (method, report["portable"])
+    # The guided step's backward too (export/backward_ops.py): before the rewrite its sums, slice_scatters, pows,
+    # expands and aliases stayed portable and cut it into 32 XNNPACK calls against the plain step's 5.
+    guided = sidecar.delegation["guided_step"]
+    assert not {"sum", "slice_scatter", "pow", "expand_copy", "alias_copy", "mul", "div"} & set(guided["portable"])
+    assert guided["delegated_subgraphs"] <= sidecar.delegation["denoise_step"]["delegated_subgraphs"], guided
     # The checkpoint's saved domain (1) when an observation has none; policy.domain_id overrides it.
     _, data1, obs = case(fixture, "pick_domain1")
     _, data2, _ = case(fixture, "pick_domain2")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,6 +97,10 @@ def test_the_program_serves_guided_rtc_through_its_int8_guided_step(program):
     linears = guided["delegated"].get("linear", 0)
     assert linears == guided["delegated"].get("torchao.choose_qparams_affine.default") and linears > step["linear"]
     assert not {"mm", "addmm", "linear"} & set(guided["portable"])  # no float product left outside XNNPACK
+    # Nor the backward's float glue (export/backward_ops.py: 17 XNNPACK calls before, here 2; the sum, expand and
+    # pow left portable are the forward's own, on the integer mask and the rotary frequencies, as in denoise_step).
+    assert not {"slice_scatter", "alias_copy", "mul", "div"} & set(guided["portable"]), guided["portable"]
+    assert guided["delegated_subgraphs"] <= report["denoise_step"]["delegated_subgraphs"], guided
     eager = policy(FIXTURE)
     for case in MANIFEST["fixtures"][FIXTURE]["cases"]:
         data, obs = tensors(FIXTURE, case), observation(FIXTURE, case)
@@ -152,6 +157,25 @@ def test_a_changed_checkpoint_or_another_cpu_gets_its_own_program(program, cache
     assert _entry(cache, REFERENCE / FIXTURE).folder == built
     other = CpuFeatures(arch="x86_64", model="another CPU", flags=frozenset({"avx2", "fma", "avx512_vnni"}))
     assert _entry(cache, cpu=other).folder != built
+
+
+def test_a_change_to_the_code_that_builds_the_program_gets_its_own_program(program, cache, tmp_path, monkeypatch):
+    """omni_ros's version string stays while its exporter changes what a program computes (the guided step's
+    backward rewrite did): the key hashes the source that defines and exports the models, not the rest."""
+    built = _entry(cache).folder
+    package = Path(stage_program.__file__).resolve().parent.parent
+    copy = tmp_path / "omni_ros"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = stage_program.builder_source_hash(copy)
+    assert before == stage_program.builder_source_hash()  # the copy hashes as the package does
+    (copy / "nodes" / "policy_node.py").write_text("# not a builder\n")
+    assert stage_program.builder_source_hash(copy) == before
+    rtc_step = copy / "export" / "rtc_step.py"
+    rtc_step.write_text(rtc_step.read_text() + "\n# changed\n")
+    changed = stage_program.builder_source_hash(copy)
+    assert changed != before
+    monkeypatch.setattr(stage_program, "builder_source_hash", lambda: changed)
+    assert _entry(cache).folder != built
 
 
 def test_a_failed_export_is_an_error_that_leaves_no_program(tmp_path, monkeypatch):

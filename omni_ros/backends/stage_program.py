@@ -12,8 +12,10 @@ without the user running it:
     <cache_dir>/kernels/<label>-stages-<checkpoint hash>-<cpu hash>/stages.pte + its sidecar + manifest.json
 
 The cache key is the checkpoint folder's files (every file's sha256: weights, config, normalization stats,
-tokenizer), the methods, the recipe, the versions of omni_ros, torch, ExecuTorch and torchao, and the CPU
-(kernel_cache.py): a changed checkpoint, tool or CPU builds anew, a corrupt file is rebuilt with a warning. The
+tokenizer), the methods, the recipe, the versions of omni_ros, torch, ExecuTorch and torchao, the source of the
+code that defines and exports the models (`builder_source_hash`: an upgrade that changes the program rebuilds it
+even where omni_ros's version string stayed) and the CPU (kernel_cache.py): a changed checkpoint, tool or CPU
+builds anew, a corrupt file is rebuilt with a warning. The
 export runs in a child process (the lowering leaves the serving process slower and larger: xnnpack_build.py), its
 progress in this log.
 
@@ -66,12 +68,33 @@ def checkpoint_hash(folder: Path, extra: dict[str, Any]) -> str:
     return digest.hexdigest()
 
 
+# What decides the numbers a program computes, beside the checkpoint: the code that defines the models and exports
+# them. omni_ros's version string stays put while that code changes, so the key hashes the source itself.
+BUILDER_SOURCES = ("export", "lowering.py", "policy")
+
+
+def builder_source_hash(package: Path | None = None) -> str:
+    """sha256 of the Python files under `BUILDER_SOURCES` of the omni_ros package (`package`: its folder)."""
+    package = package or Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for name in BUILDER_SOURCES:
+        root = package / name
+        for path in sorted([root] if root.is_file() else root.rglob("*.py")):
+            digest.update(f"{path.relative_to(package).as_posix()}|{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
 def program_entry(
     checkpoint: Path, methods: tuple[str, ...], *, cache_dir: str | None, label: str, cpu: CpuFeatures
 ) -> CacheEntry:
     """The cache folder of `checkpoint`'s stage program on this CPU."""
-    # omni_ros's own version too: its exporter decides what the program computes.
-    extra = {"recipe": RECIPE, "methods": list(methods), "versions": runtime_versions()}
+    # The builder's source too: the exporter and the models decide what the program computes (BUILDER_SOURCES).
+    extra = {
+        "recipe": RECIPE,
+        "methods": list(methods),
+        "versions": runtime_versions(),
+        "builder": builder_source_hash(),
+    }
     key = checkpoint_hash(checkpoint, extra)
     variant = f"{RECIPE} program: {' '.join(methods)}"
     return CacheEntry(

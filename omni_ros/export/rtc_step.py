@@ -14,7 +14,9 @@ A family whose denoise_step predicts the clean action (X-VLA, `StagePlan.guidanc
 2.13: "Cannot access data pointer of Tensor that doesn't have storage" / a fake tensor among the constants).
 `make_fx` can: it runs autograd while tracing and records forward and backward as plain ATen ops, decomposed
 to the core opset (so `silu_backward`, `_softmax_backward_data`, `gelu_backward` become ops every ExecuTorch
-backend knows). That graph is then an ordinary module to export. Shapes are the method signature's.
+backend knows). That graph is then an ordinary module to export. Shapes are the method signature's. Autograd's
+glue in it (sums over a row, broadcasts, slice gradients) is first rewritten into ops XNNPACK takes
+(`backward_ops.make_backward_delegable`): as traced it cut the step into dozens of XNNPACK calls.
 
 An int8 program's step (`quantize`): traced through torchao's quantized weights, make_fx decomposes their
 quantization into elementwise ops around float32 matrix products (a fake-quantized graph XNNPACK cannot run as
@@ -34,6 +36,7 @@ from collections.abc import Callable
 import torch
 from torch import fx, nn
 
+from omni_ros.export.backward_ops import make_backward_delegable
 from omni_ros.policy.methods import GUIDED_STEP, MethodSignature, StagePlan, TensorSpec
 from omni_ros.policy.rtc import autograd_guided_clean, autograd_guided_step
 
@@ -158,6 +161,7 @@ class GuidedStep(nn.Module):
         finally:
             for p, flag in zip(model.parameters(), frozen, strict=True):
                 p.requires_grad_(flag)
+        self.rewritten = make_backward_delegable(self.traced)
         # Products with weights as linears in float32 too (module docstring: XNNPACK runs them then).
         self.products = constant_products_to_linears(self.traced)
         if quantize != "none":
