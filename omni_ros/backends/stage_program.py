@@ -194,7 +194,7 @@ def auto_program_refusal(
     The program ran the edge pi0's chunk 1.7x faster than the per-linear kernel at 2 threads on an x86 CPU with
     VNNI and no AMX (158 vs 268 ms, bench/results/vs_lerobot_program_vnni.json and vs_lerobot_vnni.json), and
     under guided real-time chunking (its traced guided step against autograd through the per-linear kernels)
-    faster still (bench/results/realtime_guided_pi0_edge_vnni.json); the full-size X-VLA's in 0.79x at 2 threads
+    faster still (bench/results/realtime_guided_pi0_edge_vnni.json); the full-size X-VLA's in 0.87x at 2 threads
     and 1.01x at 1, in half the memory (bench/results/xvla_program_vnni.json); on Arm CPUs it is unmeasured, so
     the per-linear kernel stays there."""
     if cpu.arch != "x86_64":
