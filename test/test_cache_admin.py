@@ -15,7 +15,7 @@ import torch
 
 from omni_ros import cpu_features
 from omni_ros.policy.precision import PrecisionChoice, apply_precision
-from omni_ros.policy.precision.kernel_cache import CacheEntry, tool_versions
+from omni_ros.policy.precision.kernel_cache import CacheEntry, builder_source_hash, tool_versions
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 DAY = 86400.0
@@ -84,6 +84,9 @@ def test_a_build_records_its_source_replaces_that_checkpoints_earlier_build_and_
 def test_prune_removes_what_this_install_cannot_load_and_keeps_the_rest(tmp_path):
     current = _entry(tmp_path, "two-current", source="/robots/arm/last", versions=tool_versions())
     old_tools = _entry(tmp_path, "two-old-tools", versions={**tool_versions(), "torch": "1.0.0"})
+    # A program whose key hashed other omni_ros model / export source; one built from this install's is kept.
+    old_code = _entry(tmp_path, "two-stages-old-code", versions=tool_versions(), builder="0" * 64)
+    this_code = _entry(tmp_path, "two-stages-this-code", versions=tool_versions(), builder=builder_source_hash())
     unknown = _entry(tmp_path, "two-legacy")  # built before manifests said their versions: kept
     other_cpu = _entry(tmp_path, "two-other-cpu", cpu="x86_64|another|avx2", versions=tool_versions())
     unused = _entry(tmp_path, "two-unused", versions=tool_versions())
@@ -104,14 +107,17 @@ def test_prune_removes_what_this_install_cannot_load_and_keeps_the_rest(tmp_path
     assert set(by_folder) == {p.name for p in (tmp_path / "kernels").iterdir()}
     assert by_folder[current.name]["source"] == "/robots/arm/last" and by_folder[current.name]["can_go"] is None
     assert "torch 1.0.0" in by_folder[old_tools.name]["can_go"]
+    assert "other omni_ros model or export code" in by_folder[old_code.name]["can_go"]
+    assert by_folder[this_code.name]["can_go"] is None
 
     dry = _cli("prune", "--dry-run", "--cache-dir", str(tmp_path))
     assert dry.returncode == 0 and "would free" in dry.stdout and old_tools.exists() and broken.exists()
     pruned = _cli("prune", "--cache-dir", str(tmp_path))
     assert pruned.returncode == 0, pruned.stderr
-    assert "3 entries" in pruned.stdout
-    assert not old_tools.exists() and not broken.exists() and not stopped.exists()
+    assert "4 entries" in pruned.stdout
+    assert not old_tools.exists() and not old_code.exists() and not broken.exists() and not stopped.exists()
     assert current.exists() and unknown.exists() and other_cpu.exists() and unused.exists() and running.exists()
+    assert this_code.exists()
 
     asked = _cli("prune", "--unused-days", "1", "--other-cpus", "--cache-dir", str(tmp_path))
     assert asked.returncode == 0, asked.stderr

@@ -23,6 +23,7 @@ from omni_ros.backends.stage_program import load_checkpoint
 from omni_ros.cpu_features import CpuFeatures, detect
 from omni_ros.policy.layouts.common import CheckpointError
 from omni_ros.policy.precision.choice import PrecisionError
+from omni_ros.policy.precision.kernel_cache import builder_source_hash
 from omni_ros.policy.precision.xnnpack_build import KernelBuildError
 
 FIXTURE = "pi0_1cam"
@@ -163,16 +164,18 @@ def test_a_change_to_the_code_that_builds_the_program_gets_its_own_program(progr
     """omni_ros's version string stays while its exporter changes what a program computes (the guided step's
     backward rewrite did): the key hashes the source that defines and exports the models, not the rest."""
     built = _entry(cache).folder
+    manifest = json.loads((built / "manifest.json").read_text())
+    assert manifest["builder"] == builder_source_hash()  # what `omni-ros cache prune` compares
     package = Path(stage_program.__file__).resolve().parent.parent
     copy = tmp_path / "omni_ros"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    before = stage_program.builder_source_hash(copy)
-    assert before == stage_program.builder_source_hash()  # the copy hashes as the package does
+    before = builder_source_hash(copy)
+    assert before == builder_source_hash()  # the copy hashes as the package does
     (copy / "nodes" / "policy_node.py").write_text("# not a builder\n")
-    assert stage_program.builder_source_hash(copy) == before
+    assert builder_source_hash(copy) == before
     rtc_step = copy / "export" / "rtc_step.py"
     rtc_step.write_text(rtc_step.read_text() + "\n# changed\n")
-    changed = stage_program.builder_source_hash(copy)
+    changed = builder_source_hash(copy)
     assert changed != before
     monkeypatch.setattr(stage_program, "builder_source_hash", lambda: changed)
     assert _entry(cache).folder != built

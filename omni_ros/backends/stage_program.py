@@ -51,7 +51,7 @@ from omni_ros.policy.layouts.common import CheckpointError
 from omni_ros.policy.methods import GUIDED_STEP, StagePlan
 from omni_ros.policy.pipeline import InferencePipeline
 from omni_ros.policy.precision.choice import PrecisionChoice, PrecisionError
-from omni_ros.policy.precision.kernel_cache import CacheEntry, cache_root
+from omni_ros.policy.precision.kernel_cache import CacheEntry, builder_source_hash, cache_root
 
 logger = logging.getLogger("omni_ros.policy")
 PROGRAM = "stages.pte"
@@ -68,27 +68,11 @@ def checkpoint_hash(folder: Path, extra: dict[str, Any]) -> str:
     return digest.hexdigest()
 
 
-# What decides the numbers a program computes, beside the checkpoint: the code that defines the models and exports
-# them. omni_ros's version string stays put while that code changes, so the key hashes the source itself.
-BUILDER_SOURCES = ("export", "lowering.py", "policy")
-
-
-def builder_source_hash(package: Path | None = None) -> str:
-    """sha256 of the Python files under `BUILDER_SOURCES` of the omni_ros package (`package`: its folder)."""
-    package = package or Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for name in BUILDER_SOURCES:
-        root = package / name
-        for path in sorted([root] if root.is_file() else root.rglob("*.py")):
-            digest.update(f"{path.relative_to(package).as_posix()}|{file_sha256(path)}\n".encode())
-    return digest.hexdigest()
-
-
 def program_entry(
     checkpoint: Path, methods: tuple[str, ...], *, cache_dir: str | None, label: str, cpu: CpuFeatures
 ) -> CacheEntry:
     """The cache folder of `checkpoint`'s stage program on this CPU."""
-    # The builder's source too: the exporter and the models decide what the program computes (BUILDER_SOURCES).
+    # The builder's source too: the exporter and the models decide what the program computes (kernel_cache.py).
     extra = {
         "recipe": RECIPE,
         "methods": list(methods),
@@ -109,6 +93,7 @@ def stage_program(
     from omni_ros.policy.precision.xnnpack_build import KernelBuildError, run_child
 
     entry = program_entry(checkpoint, methods, cache_dir=cache_dir, label=label, cpu=cpu)
+    builder = builder_source_hash()
     if entry.load() is None:
         # A warning, so that it shows at every log level: a first load pauses for minutes (139 s for the edge pi0).
         logger.warning(
@@ -128,7 +113,9 @@ def stage_program(
             )
             if not (tmp / PROGRAM).is_file():
                 raise KernelBuildError(f"exporting {checkpoint} wrote no {PROGRAM}")
-            return {"recipe": RECIPE, "methods": list(methods), "build_seconds": round(time.perf_counter() - start, 1)}
+            seconds = round(time.perf_counter() - start, 1)
+            # `builder`: what the key hashed of omni_ros's source (`omni-ros cache prune` drops other builders').
+            return {"recipe": RECIPE, "methods": list(methods), "build_seconds": seconds, "builder": builder}
 
         manifest = entry.build(write)
         logger.info("int8 program: built in %.0f s", manifest["build_seconds"])

@@ -116,8 +116,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "builds for this CPU (minutes each, 0.5 GB for a full-size SmolVLA), reused by later loads",
         description="The kernel cache holds what int8 loads build once per checkpoint, CPU and tool versions. A "
         "build removes its own earlier builds (same checkpoint folder, CPU and kind); `prune` removes what this "
-        "install can never load (built by other omni_ros / torch / ExecuTorch / torchao versions, unreadable, a "
-        "build stopped a day ago) and, when asked, what went unused or belongs to other CPUs. A removed entry is "
+        "install can never load (built by other omni_ros / torch / ExecuTorch / torchao versions, a program built "
+        "from other omni_ros model or export code, unreadable, a build stopped a day ago) and, when asked, what "
+        "went unused or belongs to other CPUs. A removed entry is "
         "rebuilt by the next load that needs it.",
     )
     actions = p.add_subparsers(dest="action", required=True)

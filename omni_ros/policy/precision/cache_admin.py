@@ -1,7 +1,8 @@
 """What the kernel cache holds, and which of it can go (`omni-ros cache list | prune | clear`).
 
 Every entry is a folder `<cache_dir>/kernels/<label>-<key>-<cpu>/` (kernel_cache.py). An entry can never be loaded
-again by this install when its tools differ from the installed ones (the key hashes their versions) or when a later
+again by this install when its tools differ from the installed ones (the key hashes their versions), when it is a
+program built from other omni_ros model or export code (`builder` in its manifest) or when a later
 build of the same checkpoint folder replaced it (a build removes those itself; older entries, built before the
 manifest said where they came from, stay until pruned by age). A build killed mid-way leaves a hidden temporary
 folder; a day later it is garbage. Entries of other CPUs are kept unless asked: a cache folder may be shared.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omni_ros.policy.precision.kernel_cache import MANIFEST, tool_versions
+from omni_ros.policy.precision.kernel_cache import MANIFEST, builder_source_hash, tool_versions
 
 # A hidden folder of a build in progress is left alone this long (a full-size SmolVLA's program takes ~5 minutes).
 UNFINISHED_AFTER_S = 24 * 3600
@@ -94,6 +95,7 @@ def stale_reason(
     *,
     cpu_key: str,
     versions: dict[str, str],
+    builder: str | None = None,
     unused_days: float | None = None,
     other_cpus: bool = False,
     now: float | None = None,
@@ -111,6 +113,9 @@ def stale_reason(
     if changed:
         said = ", ".join(f"{k} {built_by[k]} (installed: {versions.get(k, '-')})" for k in changed if built_by)
         return f"built by other tools, {said}: this install never loads it"
+    # A program's key hashes omni_ros's model and export source (kernel_cache.BUILDER_SOURCES): built from other.
+    if builder is not None and build.field("builder") not in (None, builder):
+        return "built from other omni_ros model or export code (an upgrade or an edit): this install never loads it"
     if other_cpus and build.field("cpu") != cpu_key:
         return f"built for another CPU ({build.field('cpu')})"
     if unused_days is not None and now - build.last_used > unused_days * 86400:
@@ -127,11 +132,17 @@ def prune_plan(
     now: float | None = None,
 ) -> list[tuple[CachedBuild, str]]:
     """The builds `prune` removes, each with why."""
-    versions = tool_versions()
+    versions, builder = tool_versions(), builder_source_hash()
     plan = []
     for build in builds:
         why = stale_reason(
-            build, cpu_key=cpu_key, versions=versions, unused_days=unused_days, other_cpus=other_cpus, now=now
+            build,
+            cpu_key=cpu_key,
+            versions=versions,
+            builder=builder,
+            unused_days=unused_days,
+            other_cpus=other_cpus,
+            now=now,
         )
         if why is not None:
             plan.append((build, why))

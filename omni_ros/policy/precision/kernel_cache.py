@@ -49,6 +49,23 @@ def tool_versions() -> dict[str, str]:
     return package_versions(TOOLS)
 
 
+# What decides the numbers a program computes, beside the checkpoint and the tools: omni_ros's code that defines the
+# models and exports them. Its version string stays put while that code changes, so a program's key hashes the
+# source itself (`builder_source_hash`; the stage programs, backends/stage_program.py).
+BUILDER_SOURCES = ("export", "lowering.py", "policy")
+
+
+def builder_source_hash(package: Path | None = None) -> str:
+    """sha256 of the Python files under `BUILDER_SOURCES` of the omni_ros package (`package`: its folder)."""
+    package = package or Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for name in BUILDER_SOURCES:
+        root = package / name
+        for path in sorted([root] if root.is_file() else root.rglob("*.py")):
+            digest.update(f"{path.relative_to(package).as_posix()}|{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
 def cache_root(configured: str | None = None) -> Path:
     if configured:
         return Path(configured).expanduser()
