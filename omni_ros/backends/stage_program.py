@@ -69,15 +69,22 @@ def checkpoint_hash(folder: Path, extra: dict[str, Any]) -> str:
 
 
 def program_entry(
-    checkpoint: Path, methods: tuple[str, ...], *, cache_dir: str | None, label: str, cpu: CpuFeatures
+    checkpoint: Path,
+    methods: tuple[str, ...],
+    *,
+    cache_dir: str | None,
+    label: str,
+    cpu: CpuFeatures,
+    builder: str | None = None,
 ) -> CacheEntry:
-    """The cache folder of `checkpoint`'s stage program on this CPU."""
+    """The cache folder of `checkpoint`'s stage program on this CPU (`builder`: `builder_source_hash()`, where
+    the caller has it)."""
     # The builder's source too: the exporter and the models decide what the program computes (kernel_cache.py).
     extra = {
         "recipe": RECIPE,
         "methods": list(methods),
         "versions": runtime_versions(),
-        "builder": builder_source_hash(),
+        "builder": builder or builder_source_hash(),
     }
     key = checkpoint_hash(checkpoint, extra)
     variant = f"{RECIPE} program: {' '.join(methods)}"
@@ -92,8 +99,8 @@ def stage_program(
     """The path of `checkpoint`'s cached stage program, exported first where there is none (or a corrupt one)."""
     from omni_ros.policy.precision.xnnpack_build import KernelBuildError, run_child
 
-    entry = program_entry(checkpoint, methods, cache_dir=cache_dir, label=label, cpu=cpu)
-    builder = builder_source_hash()
+    builder = builder_source_hash()  # hashed into the key, and recorded in the manifest (`omni-ros cache prune`)
+    entry = program_entry(checkpoint, methods, cache_dir=cache_dir, label=label, cpu=cpu, builder=builder)
     if entry.load() is None:
         # A warning, so that it shows at every log level: a first load pauses for minutes (139 s for the edge pi0).
         logger.warning(
@@ -114,7 +121,6 @@ def stage_program(
             if not (tmp / PROGRAM).is_file():
                 raise KernelBuildError(f"exporting {checkpoint} wrote no {PROGRAM}")
             seconds = round(time.perf_counter() - start, 1)
-            # `builder`: what the key hashed of omni_ros's source (`omni-ros cache prune` drops other builders').
             return {"recipe": RECIPE, "methods": list(methods), "build_seconds": seconds, "builder": builder}
 
         manifest = entry.build(write)

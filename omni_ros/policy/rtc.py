@@ -212,8 +212,6 @@ def guided_clean(
     if max_weight == 0 or not bool(torch.any(weights != 0)):
         with torch.no_grad():
             return clean(x_t, t)
-    if guided is None:
-        _refuse_inference_mode()
     w = guidance_weight(t.reshape(t.shape[0], -1)[:, 0], max_weight).to(x_t.device, x_t.dtype)
     scale = t.reshape(t.shape[0], -1)[:, 0].to(x_t.dtype) * w
     high = target if target_high is None else target_high
