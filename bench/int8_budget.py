@@ -1,7 +1,7 @@
 """What share of the int8 target's time budget the GEMMs alone take, from two measured results per model.
 
     .venv/bin/python bench/int8_budget.py [--suffix _vnni] [--vs-lerobot vs_lerobot.json]
-        [--out bench/results/int8_budget.json]
+        [--smolvla smolvla_eager.json] [--out bench/results/int8_budget.json]
 
 The target is one inference in 0.4x LeRobot 0.6.1's time. The budget is 0.4 x LeRobot's chunk time at the thread
 count the GEMMs were timed with (bench/results/vs_lerobot.json for the edge-size pi0, smolvla_eager.json (2
@@ -12,12 +12,15 @@ gemm_kernels_smolvla.json). A share above 1 means no kernel here can meet the ta
 For each model it also sets each precision's measured chunk (vs_lerobot.json at the GEMMs' thread count for the
 edge-size pi0, smolvla_eager.json for SmolVLA) against its own kernel's GEMM floor, stage by stage (the target:
 the whole chunk within 1.3x of the floor): the stage timings of the two files name what dominates above the
-GEMMs. An int8 row that ran XNNPACK's kernels (its precision says "(xnnpack)") is set against XNNPACK's int8
-GEMMs, the others against oneDNN's.
+GEMMs. An int8 row that ran XNNPACK's kernels (its precision says "(xnnpack)" or "(program)", the stage program
+`auto` picks where XNNPACK's int8 GEMMs are fastest) is set against XNNPACK's int8 GEMMs, the others against
+oneDNN's. `--vs-lerobot` and `--smolvla` choose other result files of the same benches (the `auto` runs).
 
 With a bench/precision_kernels.py result of the same CPU and thread count (precision_kernels*.json), each stage
 also gets float32 flash attention's time at its shapes over one inference's calls: the GEMMs and the attention
-together are the floor that the kernels alone cannot go below (norms, rotary and glue come on top).
+together are the floor that the kernels alone cannot go below (norms, rotary and glue come on top). Where that file
+also timed the int8 attention kernels this stack has (its `int8_attention`), their time over float32 flash
+attention's is copied beside the floor: why the floor's attention stays float32.
 
 `--suffix S` reads the files of another machine's runs (`vs_lerobot_S.json`, `gemm_kernels_pi0_edge_S.json`, ...).
 """
@@ -106,8 +109,8 @@ def floors(
         if precision not in chunks:
             continue
         chunk = chunks[precision]
-        if "(xnnpack)" in str(chunk["precision"]):
-            kernel = "xnnpack_int8"
+        if "(xnnpack)" in str(chunk["precision"]) or "(program)" in str(chunk["precision"]):
+            kernel = "xnnpack_int8"  # the stage program runs XNNPACK's int8 GEMMs too, in one delegate call
         if not gemm["inference_gemm_ms"].get(kernel):
             continue
         floor = gemm["inference_gemm_ms"][kernel]
@@ -162,11 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the edge pi0's chunks: a bench/vs_lerobot.py result in bench/results (vs_lerobot_compiled.json: with "
         "its --compiled rows)",
     )
+    parser.add_argument(
+        "--smolvla",
+        default="smolvla_eager.json",
+        help="SmolVLA's chunks: a bench/smolvla.py result in bench/results at the GEMMs' thread count "
+        "(smolvla_auto_2thread.json: int8 as `auto` serves it, the stage program)",
+    )
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     models: dict[str, Any] = {}
     for name, (gemm_file, lerobot_file, lerobot_ms) in MODELS.items():
-        lerobot_file = args.vs_lerobot if name == "pi0_edge" else lerobot_file
+        lerobot_file = args.vs_lerobot if name == "pi0_edge" else args.smolvla
         gemm_file, lerobot_file = (f.replace(".json", f"{args.suffix}.json") for f in (gemm_file, lerobot_file))
         if not (RESULTS / gemm_file).is_file() or not (RESULTS / lerobot_file).is_file():
             models[name] = {"skipped": f"bench/results/{gemm_file} or {lerobot_file} is missing"}
@@ -195,6 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         }
         attention, source = attention_rows(name, args.suffix, models[name]["cpu"], gemm["threads"])
         models[name]["attention_source"] = source
+        if attention is not None:
+            # Why the floor keeps float32 attention: the int8 attention kernels at hand, timed in that same file.
+            int8_attention = json.loads((RESULTS / Path(source).name).read_text()).get("int8_attention")
+            if int8_attention and any(int8_attention["shape"] in rows for rows in ATTENTION[name].values()):
+                models[name]["int8_attention_over_fp32_flash"] = {
+                    "shape": int8_attention["shape"],
+                    **{k: v for k, v in int8_attention.items() if k.endswith(("_over_fp32_flash", "_rel_l2"))},
+                }
         models[name]["chunk_over_gemm_floor"] = floors(gemm, measured_chunks(name, lerobot, gemm["threads"]), attention)
     # Computed from results measured earlier: their own files say which CPU they ran on.
     report = {"benchmark": "int8_budget", "target_x_lerobot": TARGET, "cpu": "as in each source", "models": models}

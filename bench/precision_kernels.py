@@ -15,6 +15,11 @@ within the file compare like with like on a shared machine:
   head, 560 x 64, masked) and a denoising step (51 queries over 611 keys), and the full-size SmolVLA's prefix
   and denoising steps (15 heads, 5 KV heads). Run it at the thread count of the GEMMs it is set beside
   (`--threads 2 --out bench/results/precision_kernels_2threads_vnni.json` for SmolVLA's).
+- int8 attention, which the product does not run (why attention stays float32): at the SmolVLA vision tower's
+  shape, float32 flash attention against the int8 attention this stack offers: ExecuTorch's quantized SDPA
+  (`llama.custom_quantized_sdpa`, q / k / v int8 per token; its float32 `llama.custom_sdpa` beside it) and int8
+  scores from torch's `_int_mm` (per-token q and k) with the softmax and p v in float32; the quantization of
+  q / k / v is left out of the int8 times (in their favour); relative L2 distance of each from float32.
 - int8 linears (int8_linear.py): oneDNN's qlinear on a reordered weight, torch's `_int_mm` and packed bf16, one
   linear at a prefill shape (560 x 512 -> 2048) and at a denoising step's (51 x 256 -> 1024), activation
   quantization included (what a call costs in the model).
@@ -144,6 +149,68 @@ def attention_rows(runs: int, bf16: bool) -> dict[str, Any]:
     return rows
 
 
+def _per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 over the last dim, one scale per token (per row of every head)."""
+    scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 127
+    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def _int_mm_scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention with int8 q k^T (torch's `_int_mm`, one head at a time: it multiplies matrices) from per-token
+    int8 q and k; the scale, the softmax and p v in float32, as int8 attention schemes keep them."""
+    batch, heads, queries, dim = q.shape
+    qi, qs = _per_token_int8(q * dim**-0.5)
+    ki, ks = _per_token_int8(k)
+    qi, kt = qi.flatten(0, 1), ki.flatten(0, 1).transpose(1, 2).contiguous()
+    scores = torch.stack([torch._int_mm(qi[h], kt[h]) for h in range(qi.shape[0])]).view(batch, heads, queries, -1)
+    return torch.softmax(scores.float() * qs * ks.transpose(-1, -2), dim=-1) @ v
+
+
+def int8_attention_rows(runs: int) -> dict[str, Any]:
+    """The int8 attention kernels this stack has against float32 flash attention, at the shape that costs most
+    (the SmolVLA vision tower's, unmasked)."""
+    from omni_ros.policy.layers import sdpa
+
+    q_shape, _, _, calls = ATTENTION_SHAPES["siglip_smolvla_full"]
+    torch.manual_seed(0)
+    q, k, v = torch.randn(q_shape), torch.randn(q_shape), torch.randn(q_shape)
+    row: dict[str, Any] = {"shape": "siglip_smolvla_full", "q": list(q_shape), "calls_per_inference": calls}
+    with torch.inference_mode():
+        reference = sdpa(q, k, v, None)
+        fns: dict[str, Callable[[], object]] = {
+            "fp32_flash_ms": partial(sdpa, q, k, v, None),
+            "int8_int_mm_scores_ms": partial(_int_mm_scores_attention, q, k, v),
+        }
+        outputs = {"int8_int_mm_scores_ms": _int_mm_scores_attention(q, k, v)}
+        try:
+            from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama::*)
+            from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+        except (ImportError, OSError) as exc:
+            row["executorch_sdpa"] = f"skipped: {exc}"
+        else:
+            # ExecuTorch's ops run on its own thread pool, sized to the cores: held to torch's thread count.
+            _unsafe_reset_threadpool(torch.get_num_threads())
+            # ExecuTorch's ops take [batch, sequence, heads, dim] and per-token scales / zero points of that shape.
+            qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+            (qi, qsc), (ki, ksc), (vi, vsc) = (_per_token_int8(x) for x in (qs, ks, vs))
+            zero = torch.zeros(qsc.shape, dtype=torch.int8)
+            custom = torch.ops.llama.custom_sdpa
+            quantized = torch.ops.llama.custom_quantized_sdpa
+            fns["executorch_fp32_sdpa_ms"] = partial(custom, qs, ks, vs, 0, None, 0.0, False, None)
+            fns["executorch_int8_sdpa_ms"] = partial(
+                quantized, qi, ki, vi, 0, None, 0.0, False, None, zero, qsc, zero, ksc, zero, vsc, False
+            )
+            outputs["executorch_fp32_sdpa_ms"] = fns["executorch_fp32_sdpa_ms"]().transpose(1, 2)
+            outputs["executorch_int8_sdpa_ms"] = fns["executorch_int8_sdpa_ms"]().transpose(1, 2)
+        # The quantized op is a plain loop on x86 (seconds a call): fewer calls a round than the others.
+        row.update(_alternating_ms(fns, max(1, runs // 10), rounds=3))
+        for name, out in outputs.items():
+            row[name.replace("_ms", "_rel_l2")] = _rel(out, reference)
+            row[name.replace("_ms", "_over_fp32_flash")] = round(row[name] / row["fp32_flash_ms"], 2)
+        row["fp32_flash_inference_ms"] = round(row["fp32_flash_ms"] * calls, 1)
+    return row
+
+
 def _qlinear_once(linear: nn.Linear, x: torch.Tensor) -> float:
     """oneDNN's qlinear where the product skips it (AMD): one call after one warm-up, as it is far too slow there
     for rounds."""
@@ -205,6 +272,7 @@ def main() -> int:
     bf16 = native_bf16()
     report["mlp"] = mlp_rows(args.runs) if bf16 else "skipped: this CPU has no native bf16 (AVX512_BF16 / AMX)"
     report["attention"] = attention_rows(args.runs, bf16)
+    report["int8_attention"] = int8_attention_rows(args.runs)
     report["int8_linear"] = int8_rows(args.runs)
     emit(report, args.out)
     return 0
