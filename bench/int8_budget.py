@@ -210,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
             if int8_attention and any(int8_attention["shape"] in rows for rows in ATTENTION[name].values()):
                 models[name]["int8_attention_over_fp32_flash"] = {
                     "shape": int8_attention["shape"],
-                    **{k: v for k, v in int8_attention.items() if k.endswith(("_over_fp32_flash", "_rel_l2"))},
+                    **{
+                        k: v
+                        for k, v in int8_attention.items()
+                        if k.endswith(("_over_fp32_flash", "_over_fp32_scores", "_rel_l2"))
+                    },
                 }
         models[name]["chunk_over_gemm_floor"] = floors(gemm, measured_chunks(name, lerobot, gemm["threads"]), attention)
     # Computed from results measured earlier: their own files say which CPU they ran on.

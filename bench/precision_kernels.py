@@ -19,7 +19,8 @@ within the file compare like with like on a shared machine:
   shape, float32 flash attention against the int8 attention this stack offers: ExecuTorch's quantized SDPA
   (`llama.custom_quantized_sdpa`, q / k / v int8 per token; its float32 `llama.custom_sdpa` beside it) and int8
   scores from torch's `_int_mm` (per-token q and k) with the softmax and p v in float32; the quantization of
-  q / k / v is left out of the int8 times (in their favour); relative L2 distance of each from float32.
+  q / k / v is left out of the int8 times (in their favour); relative L2 distance of each from float32; and the
+  scores' product alone, int8 `_int_mm` against float32 `bmm`.
 - int8 linears (int8_linear.py): oneDNN's qlinear on a reordered weight, torch's `_int_mm` and packed bf16, one
   linear at a prefill shape (560 x 512 -> 2048) and at a denoising step's (51 x 256 -> 1024), activation
   quantization included (what a call costs in the model).
@@ -155,6 +156,14 @@ def _per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
 
 
+def _int_mm_heads(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """int8 a @ b per head (torch's `_int_mm` multiplies matrices), int32, written in place (no stacking copy)."""
+    out = torch.empty(a.shape[0], a.shape[1], b.shape[2], dtype=torch.int32)
+    for h in range(a.shape[0]):
+        torch._int_mm(a[h], b[h], out=out[h])
+    return out
+
+
 def _int_mm_scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention with int8 q k^T (torch's `_int_mm`, one head at a time: it multiplies matrices) from per-token
     int8 q and k; the scale, the softmax and p v in float32, as int8 attention schemes keep them."""
@@ -162,7 +171,7 @@ def _int_mm_scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     qi, qs = _per_token_int8(q * dim**-0.5)
     ki, ks = _per_token_int8(k)
     qi, kt = qi.flatten(0, 1), ki.flatten(0, 1).transpose(1, 2).contiguous()
-    scores = torch.stack([torch._int_mm(qi[h], kt[h]) for h in range(qi.shape[0])]).view(batch, heads, queries, -1)
+    scores = _int_mm_heads(qi, kt).view(batch, heads, queries, -1)
     return torch.softmax(scores.float() * qs * ks.transpose(-1, -2), dim=-1) @ v
 
 
@@ -182,6 +191,12 @@ def int8_attention_rows(runs: int) -> dict[str, Any]:
             "int8_int_mm_scores_ms": partial(_int_mm_scores_attention, q, k, v),
         }
         outputs = {"int8_int_mm_scores_ms": _int_mm_scores_attention(q, k, v)}
+        # The scores' product alone, each precision's kernel (one head at a time for `_int_mm`): where the time of
+        # the int8 attention above goes, if not into its product.
+        q8 = _per_token_int8(q)[0].flatten(0, 1)
+        k8t = _per_token_int8(k)[0].flatten(0, 1).transpose(1, 2).contiguous()
+        fns["fp32_scores_bmm_ms"] = partial(torch.bmm, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2).contiguous())
+        fns["int8_scores_int_mm_ms"] = partial(_int_mm_heads, q8, k8t)
         try:
             from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama::*)
             from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
@@ -207,6 +222,7 @@ def int8_attention_rows(runs: int) -> dict[str, Any]:
         for name, out in outputs.items():
             row[name.replace("_ms", "_rel_l2")] = _rel(out, reference)
             row[name.replace("_ms", "_over_fp32_flash")] = round(row[name] / row["fp32_flash_ms"], 2)
+        row["int8_scores_over_fp32_scores"] = round(row["int8_scores_int_mm_ms"] / row["fp32_scores_bmm_ms"], 2)
         row["fp32_flash_inference_ms"] = round(row["fp32_flash_ms"] * calls, 1)
     return row
 
