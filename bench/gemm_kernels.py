@@ -27,7 +27,8 @@ denoising step num_steps times) is a floor under that kernel's whole chunk, and 
 bench/smolvla.py and bench/backends.py can show end to end on the same machine. The kernels run in turn,
 round after round, so a slow spell of a shared machine lands on all of them. `--preset` is a pi0 preset,
 `pi0_edge` (bench/vs_lerobot.py's size) or `smolvla` (LeRobot's default SmolVLA over SmolVLM2-500M, 2 cameras
-at 512 px).
+at 512 px); `smolvla_attention` times the products inside that SmolVLA's vision attention (q k^T and p v per
+head, keys and values standing as weights) at every kernel: what attention would cost at each GEMM rate.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ def stage_shapes(preset_name: str) -> tuple[dict[str, dict[str, Any]], int]:
     how many denoising steps one inference runs."""
     if preset_name == "smolvla":
         return smolvla_stage_shapes()
+    if preset_name == "smolvla_attention":
+        return smolvla_attention_shapes()
     from omni_ros.policy.pi0.presets import preset
 
     cfg = pi0_edge() if preset_name == "pi0_edge" else preset(preset_name)
@@ -209,10 +212,27 @@ def run_worker(args: argparse.Namespace, stage: str, kernel: str, pte: Path | No
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def summarize(report: dict[str, Any], steps: int, kernels: list[str]) -> None:
-    """Per kernel, the GEMM time of one inference (vision and prefill once, denoise_step `steps` times) and
-    its speedup over the baseline: the most that kernel can give the whole policy on this machine."""
-    weights = {"vision": 1, "prefill": 1, "denoise_step": steps}
+def smolvla_attention_shapes() -> tuple[dict[str, dict[str, Any]], int]:
+    """The products inside the full-size SmolVLA's vision attention, as linears: per head, q k^T (1024 patches x
+    64 -> 1024 keys) and p v (1024 x 1024 keys -> 64), for every head of both cameras in one layer; an inference
+    runs 12 such layers. The keys and values stand as weights: what those products would cost at each kernel's
+    GEMM rate if attention ran on it (XNNPACK's int8 GEMMs take a static weight, so this is a bound a fused int8
+    attention kernel could approach, not a kernel the product has)."""
+    from omni_ros.policy.smolvla.configuration import SmolVLAConfig
+
+    cfg = SmolVLAConfig()
+    v = cfg.vision
+    patches, head_dim = (cfg.tile_size // v.patch_size) ** 2, v.width // v.num_heads
+    heads = len(cfg.camera_names) * v.num_heads
+    layer = [(head_dim, patches), (patches, head_dim)] * heads
+    return {"vision_attention": {"rows": patches, "linears": layer, "per_inference": v.depth}}, cfg.num_steps
+
+
+def summarize(report: dict[str, Any], shapes: dict[str, dict[str, Any]], steps: int, kernels: list[str]) -> None:
+    """Per kernel, the GEMM time of one inference (vision and prefill once, denoise_step `steps` times, another
+    stage as often as its `per_inference` says) and its speedup over the baseline: the most that kernel can give
+    the whole policy on this machine."""
+    weights = {s: shapes[s].get("per_inference", steps if s == "denoise_step" else 1) for s in shapes}
 
     def total(kernel: str) -> float | None:
         times = [report["stages"][s][f"{kernel}_ms"] for s in weights]
@@ -229,7 +249,8 @@ def main() -> int:
     parser.add_argument(
         "--preset",
         default="small",
-        help="a pi0 preset (tiny, demo, small, pi0), pi0_edge (bench/vs_lerobot.py's size) or smolvla",
+        help="a pi0 preset (tiny, demo, small, pi0), pi0_edge (bench/vs_lerobot.py's size), smolvla, or "
+        "smolvla_attention (the products inside SmolVLA's vision attention, keys and values as weights)",
     )
     parser.add_argument(
         "--rounds", type=int, default=3, help="kernels timed in turn this many times; the median round is kept"
@@ -287,7 +308,7 @@ def main() -> int:
                 row[f"{kernel}_gflops"] = round(flop / ms / 1e6, 1) if ms else None
                 row[f"{kernel}_speedup"] = round(base / ms, 2) if ms else None
             report["stages"][name] = row
-    summarize(report, steps, kernels)
+    summarize(report, shapes, steps, kernels)
     emit(report, args.out)
     return 0
 

@@ -20,7 +20,10 @@ With a bench/precision_kernels.py result of the same CPU and thread count (preci
 also gets float32 flash attention's time at its shapes over one inference's calls: the GEMMs and the attention
 together are the floor that the kernels alone cannot go below (norms, rotary and glue come on top). Where that file
 also timed the int8 attention kernels this stack has (its `int8_attention`), their time over float32 flash
-attention's is copied beside the floor: why the floor's attention stays float32.
+attention's is copied beside the floor: why the floor's attention stays float32. With a bench/gemm_kernels.py
+`--preset smolvla_attention` result of the same CPU and thread count (gemm_kernels_smolvla_attention*.json), each
+SmolVLA row also gets the floor its kernel's GEMMs would leave if the vision attention's products ran at that
+kernel's rate too (what an ideal fused attention kernel of that precision could reach).
 
 `--suffix S` reads the files of another machine's runs (`vs_lerobot_S.json`, `gemm_kernels_pi0_edge_S.json`, ...).
 """
@@ -156,6 +159,18 @@ def attention_rows(
     return None, f"no precision_kernels result at {threads} thread(s) on {cpu} with these shapes: {seen}"
 
 
+def attention_products(name: str, suffix: str, cpu: str, threads: int) -> dict[str, Any] | None:
+    """The products inside a model's attention timed at every GEMM kernel (bench/gemm_kernels.py --preset
+    smolvla_attention), from a result of this CPU and thread count; None without one."""
+    path = RESULTS / f"gemm_kernels_{name}_attention{suffix}.json"
+    if not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    if _cpu(result) != cpu or result.get("threads") != threads:
+        return None
+    return {"source": f"bench/results/{path.name}", "inference_ms": result["inference_gemm_ms"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suffix", default="", help="read the result files named with this suffix (_vnni)")
@@ -204,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         attention, source = attention_rows(name, args.suffix, models[name]["cpu"], gemm["threads"])
         models[name]["attention_source"] = source
+        products = attention_products(name, args.suffix, models[name]["cpu"], gemm["threads"])
+        if products is not None:
+            models[name]["attention_products"] = products
         if attention is not None:
             # Why the floor keeps float32 attention: the int8 attention kernels at hand, timed in that same file.
             int8_attention = json.loads((RESULTS / Path(source).name).read_text()).get("int8_attention")
@@ -217,6 +235,14 @@ def main(argv: list[str] | None = None) -> int:
                     },
                 }
         models[name]["chunk_over_gemm_floor"] = floors(gemm, measured_chunks(name, lerobot, gemm["threads"]), attention)
+        if products is not None:
+            # The floor if attention's products ran at each kernel's own GEMM rate (no softmax, no glue): what an
+            # ideal fused attention kernel of that precision would leave.
+            for row in models[name]["chunk_over_gemm_floor"].values():
+                extra = products["inference_ms"].get(row["kernel"])
+                if extra:
+                    row["gemm_and_attention_products_floor_ms"] = round(row["gemm_floor_ms"] + extra, 1)
+                    row["gemm_and_attention_products_over_gemm_floor"] = round(1 + extra / row["gemm_floor_ms"], 2)
     # Computed from results measured earlier: their own files say which CPU they ran on.
     report = {"benchmark": "int8_budget", "target_x_lerobot": TARGET, "cpu": "as in each source", "models": models}
     emit(report, args.out)

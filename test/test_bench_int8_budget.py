@@ -106,3 +106,20 @@ def test_results_of_two_cpus_are_not_set_against_each_other(results):
     assert int8_budget.main(["--smolvla", "smolvla_auto.json", "--out", str(results / "out.json")]) == 0
     report = json.loads((results / "out.json").read_text())
     assert "not from one recorded CPU" in report["models"]["smolvla"]["skipped"]
+
+
+def test_attention_products_at_each_kernels_rate_give_the_ideal_attention_floor(results):
+    # One inference's attention products timed at each GEMM kernel (keys and values as weights), same CPU.
+    products = {"eager_bf16": 400.0, "xnnpack_int8": 270.0}
+    _write(results, "gemm_kernels_smolvla_attention.json", {"threads": 2, "inference_gemm_ms": products, "cpu": CPU})
+    assert int8_budget.main(["--smolvla", "smolvla_auto.json", "--out", str(results / "out.json")]) == 0
+    rows = json.loads((results / "out.json").read_text())["models"]["smolvla"]["chunk_over_gemm_floor"]
+    # Each row adds its own kernel's products: 900 + 270 for the program, 2000 + 400 for bf16.
+    assert rows["int8"]["gemm_and_attention_products_floor_ms"] == pytest.approx(1170.0)
+    assert rows["int8"]["gemm_and_attention_products_over_gemm_floor"] == pytest.approx(1.3)
+    assert rows["bf16"]["gemm_and_attention_products_floor_ms"] == pytest.approx(2400.0)
+    # A result of another thread count is not used.
+    _write(results, "gemm_kernels_smolvla_attention.json", {"threads": 1, "inference_gemm_ms": products, "cpu": CPU})
+    assert int8_budget.main(["--smolvla", "smolvla_auto.json", "--out", str(results / "out.json")]) == 0
+    rows = json.loads((results / "out.json").read_text())["models"]["smolvla"]["chunk_over_gemm_floor"]
+    assert "gemm_and_attention_products_floor_ms" not in rows["int8"]
