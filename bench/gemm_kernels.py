@@ -28,7 +28,8 @@ bench/smolvla.py and bench/backends.py can show end to end on the same machine. 
 round after round, so a slow spell of a shared machine lands on all of them. `--preset` is a pi0 preset,
 `pi0_edge` (bench/vs_lerobot.py's size) or `smolvla` (LeRobot's default SmolVLA over SmolVLM2-500M, 2 cameras
 at 512 px); `smolvla_attention` times the products inside that SmolVLA's vision attention (q k^T and p v per
-head, keys and values standing as weights) at every kernel: what attention would cost at each GEMM rate.
+head, keys and values standing as weights) at every kernel: what attention would cost at each GEMM rate;
+`pi0_edge_attention` the same for the edge pi0 (vision, prefix and denoising-step attention).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def stage_shapes(preset_name: str) -> tuple[dict[str, dict[str, Any]], int]:
         return smolvla_stage_shapes()
     if preset_name == "smolvla_attention":
         return smolvla_attention_shapes()
+    if preset_name == "pi0_edge_attention":
+        return pi0_edge_attention_shapes()
     from omni_ros.policy.pi0.presets import preset
 
     cfg = pi0_edge() if preset_name == "pi0_edge" else preset(preset_name)
@@ -212,6 +215,39 @@ def run_worker(args: argparse.Namespace, stage: str, kernel: str, pte: Path | No
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def attention_products(heads: int, keys: int, head_dim: int) -> list[tuple[int, int]]:
+    """One attention call's products as linears, per query head: q k^T (head_dim -> keys) and p v (keys ->
+    head_dim); the keys and values stand as the weights."""
+    return [(head_dim, keys), (keys, head_dim)] * heads
+
+
+def pi0_edge_attention_shapes() -> tuple[dict[str, dict[str, Any]], int]:
+    """The products inside the edge pi0's attention (see `smolvla_attention_shapes`): the vision tower's per
+    camera and head, the prefix's (every query head over the prefix) and a denoising step's (its rows over the
+    prefix and themselves), each stage one layer's calls, run `per_inference` times."""
+    cfg = pi0_edge()
+    v, b, e = cfg.vision, cfg.backbone, cfg.expert
+    cameras, rows = len(cfg.camera_names), cfg.action_horizon + 1
+    shapes = {
+        "vision_attention": {
+            "rows": v.num_tokens,
+            "linears": attention_products(cameras * v.num_heads, v.num_tokens, v.width // v.num_heads),
+            "per_inference": v.depth,
+        },
+        "prefix_attention": {
+            "rows": cfg.prefix_len,
+            "linears": attention_products(b.num_heads, cfg.prefix_len, b.head_dim),
+            "per_inference": b.depth,
+        },
+        "denoise_attention": {
+            "rows": rows,
+            "linears": attention_products(e.num_heads, cfg.prefix_len + rows, e.head_dim),
+            "per_inference": e.depth * cfg.num_steps,
+        },
+    }
+    return shapes, cfg.num_steps
+
+
 def smolvla_attention_shapes() -> tuple[dict[str, dict[str, Any]], int]:
     """The products inside the full-size SmolVLA's vision attention, as linears: per head, q k^T (1024 patches x
     64 -> 1024 keys) and p v (1024 x 1024 keys -> 64), for every head of both cameras in one layer; an inference
@@ -223,8 +259,7 @@ def smolvla_attention_shapes() -> tuple[dict[str, dict[str, Any]], int]:
     cfg = SmolVLAConfig()
     v = cfg.vision
     patches, head_dim = (cfg.tile_size // v.patch_size) ** 2, v.width // v.num_heads
-    heads = len(cfg.camera_names) * v.num_heads
-    layer = [(head_dim, patches), (patches, head_dim)] * heads
+    layer = attention_products(len(cfg.camera_names) * v.num_heads, patches, head_dim)
     return {"vision_attention": {"rows": patches, "linears": layer, "per_inference": v.depth}}, cfg.num_steps
 
 
@@ -250,7 +285,8 @@ def main() -> int:
         "--preset",
         default="small",
         help="a pi0 preset (tiny, demo, small, pi0), pi0_edge (bench/vs_lerobot.py's size), smolvla, or "
-        "smolvla_attention (the products inside SmolVLA's vision attention, keys and values as weights)",
+        "smolvla_attention / pi0_edge_attention (the products inside that model's attention, keys and values "
+        "as weights)",
     )
     parser.add_argument(
         "--rounds", type=int, default=3, help="kernels timed in turn this many times; the median round is kept"
