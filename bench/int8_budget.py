@@ -142,9 +142,9 @@ def floors(
 
 def attention_rows(
     name: str, suffix: str, cpu: str, threads: int
-) -> tuple[dict[str, list[dict[str, Any]]] | None, str]:
+) -> tuple[dict[str, list[dict[str, Any]]] | None, str, dict[str, Any] | None]:
     """A model's attention rows per stage from a precision_kernels result of this CPU and thread count (any file
-    `precision_kernels*{suffix}.json`), else why there is none."""
+    `precision_kernels*{suffix}.json`), else why there is none; and that file's int8 attention timings, if any."""
     wanted = ATTENTION[name]
     seen = []
     for path in sorted(RESULTS.glob(f"precision_kernels*{suffix}.json")):
@@ -154,9 +154,10 @@ def attention_rows(
         if _cpu(kernels) != cpu or kernels.get("threads") != threads or not isinstance(rows, dict):
             continue
         if all("fp32_inference_ms" in rows.get(row, {}) for names in wanted.values() for row in names):
-            return {stage: [rows[r] for r in names] for stage, names in wanted.items()}, f"bench/results/{path.name}"
+            by_stage = {stage: [rows[r] for r in names] for stage, names in wanted.items()}
+            return by_stage, f"bench/results/{path.name}", kernels.get("int8_attention")
         seen[-1] += " (predates these attention rows)"
-    return None, f"no precision_kernels result at {threads} thread(s) on {cpu} with these shapes: {seen}"
+    return None, f"no precision_kernels result at {threads} thread(s) on {cpu} with these shapes: {seen}", None
 
 
 def attention_products(name: str, suffix: str, cpu: str, threads: int) -> dict[str, Any] | None:
@@ -217,25 +218,19 @@ def main(argv: list[str] | None = None) -> int:
             "gemm_share_of_budget_fastest": round(kernels[fastest] / budget, 2),
             "gemm_share_of_budget_fastest_int8": round(kernels[fastest_int8] / budget, 2),
         }
-        attention, source = attention_rows(name, args.suffix, models[name]["cpu"], gemm["threads"])
+        attention, source, int8_attention = attention_rows(name, args.suffix, models[name]["cpu"], gemm["threads"])
         models[name]["attention_source"] = source
+        # Why the floor keeps float32 attention: the int8 attention kernels at hand, timed in that same file.
+        if int8_attention and any(int8_attention["shape"] in rows for rows in ATTENTION[name].values()):
+            kept = ("_over_fp32_flash", "_over_fp32_scores", "_rel_l2")
+            models[name]["int8_attention_over_fp32_flash"] = {
+                "shape": int8_attention["shape"],
+                **{k: v for k, v in int8_attention.items() if k.endswith(kept)},
+            }
+        models[name]["chunk_over_gemm_floor"] = floors(gemm, measured_chunks(name, lerobot, gemm["threads"]), attention)
         products = attention_products(name, args.suffix, models[name]["cpu"], gemm["threads"])
         if products is not None:
             models[name]["attention_products"] = products
-        if attention is not None:
-            # Why the floor keeps float32 attention: the int8 attention kernels at hand, timed in that same file.
-            int8_attention = json.loads((RESULTS / Path(source).name).read_text()).get("int8_attention")
-            if int8_attention and any(int8_attention["shape"] in rows for rows in ATTENTION[name].values()):
-                models[name]["int8_attention_over_fp32_flash"] = {
-                    "shape": int8_attention["shape"],
-                    **{
-                        k: v
-                        for k, v in int8_attention.items()
-                        if k.endswith(("_over_fp32_flash", "_over_fp32_scores", "_rel_l2"))
-                    },
-                }
-        models[name]["chunk_over_gemm_floor"] = floors(gemm, measured_chunks(name, lerobot, gemm["threads"]), attention)
-        if products is not None:
             # The floor if attention's products ran at each kernel's own GEMM rate (no softmax, no glue): what an
             # ideal fused attention kernel of that precision would leave.
             for row in models[name]["chunk_over_gemm_floor"].values():

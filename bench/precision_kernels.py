@@ -150,12 +150,6 @@ def attention_rows(runs: int, bf16: bool) -> dict[str, Any]:
     return rows
 
 
-def _per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 over the last dim, one scale per token (per row of every head)."""
-    scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 127
-    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
-
-
 def _int_mm_heads(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """int8 a @ b per head (torch's `_int_mm` multiplies matrices), int32, written in place (no stacking copy)."""
     out = torch.empty(a.shape[0], a.shape[1], b.shape[2], dtype=torch.int32)
@@ -167,9 +161,11 @@ def _int_mm_heads(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _int_mm_scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention with int8 q k^T (torch's `_int_mm`, one head at a time: it multiplies matrices) from per-token
     int8 q and k; the scale, the softmax and p v in float32, as int8 attention schemes keep them."""
+    from omni_ros.policy.precision.int8_linear import quantize_rows  # per token: one scale per row of each head
+
     batch, heads, queries, dim = q.shape
-    qi, qs = _per_token_int8(q * dim**-0.5)
-    ki, ks = _per_token_int8(k)
+    qi, qs = quantize_rows(q * dim**-0.5)
+    ki, ks = quantize_rows(k)
     qi, kt = qi.flatten(0, 1), ki.flatten(0, 1).transpose(1, 2).contiguous()
     scores = _int_mm_heads(qi, kt).view(batch, heads, queries, -1)
     return torch.softmax(scores.float() * qs * ks.transpose(-1, -2), dim=-1) @ v
@@ -179,6 +175,7 @@ def int8_attention_rows(runs: int) -> dict[str, Any]:
     """The int8 attention kernels this stack has against float32 flash attention, at the shape that costs most
     (the SmolVLA vision tower's, unmasked)."""
     from omni_ros.policy.layers import sdpa
+    from omni_ros.policy.precision.int8_linear import quantize_rows
 
     q_shape, _, _, calls = ATTENTION_SHAPES["siglip_smolvla_full"]
     torch.manual_seed(0)
@@ -193,8 +190,8 @@ def int8_attention_rows(runs: int) -> dict[str, Any]:
         outputs = {"int8_int_mm_scores_ms": _int_mm_scores_attention(q, k, v)}
         # The scores' product alone, each precision's kernel (one head at a time for `_int_mm`): where the time of
         # the int8 attention above goes, if not into its product.
-        q8 = _per_token_int8(q)[0].flatten(0, 1)
-        k8t = _per_token_int8(k)[0].flatten(0, 1).transpose(1, 2).contiguous()
+        q8 = quantize_rows(q)[0].flatten(0, 1)
+        k8t = quantize_rows(k)[0].flatten(0, 1).transpose(1, 2).contiguous()
         fns["fp32_scores_bmm_ms"] = partial(torch.bmm, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2).contiguous())
         fns["int8_scores_int_mm_ms"] = partial(_int_mm_heads, q8, k8t)
         try:
@@ -207,7 +204,7 @@ def int8_attention_rows(runs: int) -> dict[str, Any]:
             _unsafe_reset_threadpool(torch.get_num_threads())
             # ExecuTorch's ops take [batch, sequence, heads, dim] and per-token scales / zero points of that shape.
             qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-            (qi, qsc), (ki, ksc), (vi, vsc) = (_per_token_int8(x) for x in (qs, ks, vs))
+            (qi, qsc), (ki, ksc), (vi, vsc) = (quantize_rows(x) for x in (qs, ks, vs))
             zero = torch.zeros(qsc.shape, dtype=torch.int8)
             custom = torch.ops.llama.custom_sdpa
             quantized = torch.ops.llama.custom_quantized_sdpa

@@ -161,7 +161,7 @@ class GuidedStep(nn.Module):
         finally:
             for p, flag in zip(model.parameters(), frozen, strict=True):
                 p.requires_grad_(flag)
-        self.rewritten = make_backward_delegable(self.traced)
+        make_backward_delegable(self.traced)
         # Products with weights as linears in float32 too (module docstring: XNNPACK runs them then).
         self.products = constant_products_to_linears(self.traced)
         if quantize != "none":
