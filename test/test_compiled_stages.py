@@ -72,7 +72,7 @@ def test_compiled_chunk_is_the_eager_chunk(fixture, precision):
 def test_float32_compiled_still_matches_lerobot_and_keeps_a_missing_cameras_slot(caplog):
     """float32 compiled is LeRobot's chunk; pi0 keeps an absent camera's slot (masked), so the prefix keeps its
     shape and the compiled graphs serve that observation too."""
-    policy = _load("pi0_3cam", "fp32", compile=True)
+    policy = _compiled("pi0_3cam", "fp32")
     with caplog.at_level(logging.WARNING, logger="omni_ros.policy.compiled_stages"):
         for case in ("all_cameras", "missing_left_wrist"):
             data = tensors("pi0_3cam", case)
@@ -86,9 +86,10 @@ def test_prompts_of_every_length_run_the_graphs_built_for_the_first(caplog):
     """SmolVLA pads a prompt only to its batch's longest (LeRobot's rule), so each new task's prompt length was
     another prefix shape, and a compiled robot ran every later task's prefill and steps eager (found live: the
     SO-101's episodes change the prompt). Compiled, the prompt is padded (masked) to the tokenizer's max_tokens:
-    every prompt runs the first inference's graphs, with the eager chunk's numbers."""
-    policy = _load("smolvla_3cam", "fp32", compile=True)
-    eager = _load("smolvla_3cam", "fp32", compile=False)
+    every prompt runs the first inference's graphs, with the eager chunk's numbers (int8: the module's compiled
+    SmolVLA, a compilation less; the prompt's padding is the same at every precision)."""
+    policy = _compiled("smolvla_3cam", "int8")
+    eager = _load("smolvla_3cam", "int8", compile=False)
     base, noise = observation("smolvla_3cam", "all_cameras"), tensors("smolvla_3cam", "all_cameras")["noise"][0]
     prompts = [base["prompt"], "go", "put the red block into the bowl, then close the top drawer of the cabinet"]
     lengths = {len(policy.processor.tokenize(p)) for p in prompts}
@@ -98,7 +99,7 @@ def test_prompts_of_every_length_run_the_graphs_built_for_the_first(caplog):
             obs = {**base, "prompt": prompt}
             out = policy.infer(obs, noise=noise)["actions"]
             expected = eager.infer(obs, noise=noise)["actions"]
-            np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
+            assert _rel(out, expected) < VS_EAGER["int8"], (prompt, _rel(out, expected))
     assert not [r.getMessage() for r in caplog.records if "eager" in r.getMessage()]
     assert len(policy.runner.prefill.keys) == 1 and len(policy.runner.denoise_step.keys) == 1
 
@@ -170,20 +171,35 @@ def test_the_compiled_steps_threads_follow_the_wait_policy(monkeypatch, wait_pol
     assert _rel(out, expected) < VS_EAGER["int8"], _rel(out, expected)
 
 
-def test_guided_rtc_differentiates_through_the_eager_step():
+def test_guided_rtc_differentiates_through_the_eager_step_and_leaves_the_graphs_serving(caplog):
     """Guided RTC needs the step's gradient, which a frozen graph has not: it runs the eager step, and its chunk is
-    the uncompiled policy's."""
+    the uncompiled policy's. Its prefill is the compiled one, and every chunk after it still runs every compiled
+    graph, with noise drawn here or given by the caller (found here: a guided chunk's prefix, embedded outside
+    inference mode, failed the compiled prefill's guard, and so did given noise where the graphs were built on
+    drawn noise; each dropped the graph for good and the policy served eager from then on)."""
     from omni_ros.policy.rtc import RtcRequest
 
-    eager = _load("pi0_3cam", "fp32", compile=False, num_steps=4)
-    compiled = _load("pi0_3cam", "fp32", compile=True, num_steps=4)
-    obs = observation("pi0_3cam", "all_cameras")
+    eager = _load("pi0_3cam", "fp32", compile=False)
+    compiled = _compiled("pi0_3cam", "fp32")
+    obs, noise = observation("pi0_3cam", "all_cameras"), tensors("pi0_3cam", "all_cameras")["noise"][0]
     plan = eager.infer(obs)["actions"] + 0.5
-    request = RtcRequest(plan[:8], inference_delay=3)
-    reference = eager.infer(obs, rtc=request)["actions"]
-    guided = compiled.infer(obs, rtc=request)["actions"]
-    np.testing.assert_allclose(guided, reference, rtol=0, atol=1e-5)
-    assert compiled.runner.denoise_step.compiled is None  # guided steps never reached the compiled one
+    with caplog.at_level(logging.WARNING, logger="omni_ros.policy.compiled_stages"):
+        compiled.infer(obs)  # noise drawn here; the graphs exist whichever of this module's tests ran first
+        calls: dict[str, list] = {"prefill": [], "step": []}
+        for name, stage in (("prefill", compiled.runner.prefill), ("step", compiled.runner.denoise_step)):
+            graph = stage.compiled
+            stage.compiled = lambda *args, graph=graph, seen=calls[name]: seen.append(1) or graph(*args)
+        request = RtcRequest(plan[:8], inference_delay=3)
+        reference = eager.infer(obs, noise=noise, rtc=request)["actions"]
+        guided = compiled.infer(obs, noise=noise, rtc=request)["actions"]
+        # The compiled prefill rounds in another order (float32 compiled is within 2e-7 of eager), and the
+        # guidance's gradient amplifies that: measured 3.1e-5. float32's bound against LeRobot holds it.
+        np.testing.assert_allclose(guided, reference, rtol=0, atol=LEROBOT_ATOL)
+        assert len(calls["prefill"]) == 1 and calls["step"] == []  # guided steps never reach the compiled one
+        out = compiled.infer(obs, noise=noise)["actions"]
+        np.testing.assert_allclose(out, eager.infer(obs, noise=noise)["actions"], rtol=0, atol=1e-5)
+        assert len(calls["prefill"]) == 2 and len(calls["step"]) == compiled.runner.model.cfg.num_steps
+    assert not [r.getMessage() for r in caplog.records]  # nothing ran eager
 
 
 def test_no_compiler_is_a_clear_error_at_load(monkeypatch):

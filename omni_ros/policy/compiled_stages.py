@@ -63,9 +63,10 @@ RECOMPILE_LIMIT = 64
 
 
 def _shapes(value: Any) -> Any:
-    """The shapes and dtypes of the tensors in a (nested) argument: what a compiled graph is specialized to."""
+    """The shapes, dtypes and kinds (inference tensor or not) of the tensors in a (nested) argument: what a
+    compiled graph is specialized to (torch guards on the kind too)."""
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.dtype)
+        return (tuple(value.shape), value.dtype, value.is_inference())
     if isinstance(value, list | tuple):
         return tuple(_shapes(v) for v in value)
     if isinstance(value, dict):
@@ -106,7 +107,8 @@ class CompiledStage:
         except RuntimeError as error:
             if "recompile" not in str(error):
                 raise
-            self.keys.discard(key)
+            # This call only: the key stays, so the calls the graph was built for keep running it (dropping the
+            # key sent every later call of a compiled policy to the eager stage after one odd call).
             return self._eager(args, "would need a recompilation")
 
     def _eager(self, args: tuple[Any, ...], why: str) -> Any:

@@ -241,11 +241,16 @@ class TorchRunner:
 
         with torch.no_grad() if guided else torch.inference_mode():
             clock = StageClock(self._sync)
-            if self.compact:
-                inputs = compact(inputs)
-            elif self.prompt_length is not None:
-                inputs = inputs.padded_prompt(self.prompt_length)
-            prefix, prefix_mask = model.embed_prefix(inputs)
+            # The prefix embeds in inference mode on every path (guided RTC differentiates through the steps
+            # only), so the compiled vision tower and prefill see the same kind of tensors whatever the request:
+            # a compiled graph guards on it, and an inference tensor where it was built for a plain one (or the
+            # reverse) is a call it cannot serve.
+            with torch.inference_mode():
+                if self.compact:
+                    inputs = compact(inputs)
+                elif self.prompt_length is not None:
+                    inputs = inputs.padded_prompt(self.prompt_length)
+                prefix, prefix_mask = model.embed_prefix(inputs)
             clock.lap("embed_prefix_ms")
             if self.prefill is not None:
                 # Outside inference mode, so that one compiled prefill serves guided RTC too (whose steps
@@ -256,14 +261,19 @@ class TorchRunner:
             else:
                 cache = model.prefill(prefix, prefix_mask)
             clock.lap("prefill_ms")
+            x = noise.float()
+            if torch.is_inference_mode_enabled() and not x.is_inference():
+                # Noise the caller gave is a plain tensor, noise drawn here an inference one, and every later
+                # Euler state is one: the same kind at every step whoever drew the noise (see above).
+                x = x.clone()
             if rtc is None or rtc.target is None:
                 chunk = euler_sample(
-                    velocity, noise.float(), num_steps, getattr(getattr(model, "cfg", None), "euler_time", "exact")
+                    velocity, x, num_steps, getattr(getattr(model, "cfg", None), "euler_time", "exact")
                 )
             else:
                 clean = getattr(getattr(model, "cfg", None), "rtc_max_delay", 0) > 0
                 target = rtc.target.float()
-                chunk = rtc_sample(velocity, noise.float(), num_steps, target, rtc.request, clean, guided_step)
+                chunk = rtc_sample(velocity, x, num_steps, target, rtc.request, clean, guided_step)
             actions = chunk.detach().cpu().numpy()
             clock.lap("denoise_ms")
         for stage in self.compiled_stages:
