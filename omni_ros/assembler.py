@@ -171,6 +171,11 @@ class ObservationAssembler:
         with self._lock:
             self._prompt = (text, stamp) if text else None
 
+    def has_prompt(self) -> bool:
+        """Whether any prompt is held (from the topic, a goal or the configured default), stale or not."""
+        with self._lock:
+            return self._prompt is not None
+
     def latest_state(self) -> np.ndarray | None:
         with self._lock:
             return None if self._state is None else self._state[0].copy()

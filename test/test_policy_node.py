@@ -144,3 +144,33 @@ def test_forward_position_interface_sends_float64_arrays_only():
         assert not h.commands  # nothing on control.command_topic
     finally:
         h.close()
+
+
+def test_without_a_prompt_the_node_subscribes_again_while_the_topic_has_a_publisher(monkeypatch):
+    """A late-joining reader can miss a latched prompt (Fast DDS), and a node without one never moves: while it
+    holds none and the topic has a publisher, it subscribes again (a fresh reader is sent the latched prompt);
+    without a publisher there is nothing to miss, and once a prompt came the watch is over."""
+    from std_msgs.msg import String
+
+    from omni_ros.nodes import policy_node
+
+    monkeypatch.setattr(policy_node, "PROMPT_RESUBSCRIBE_S", 0.5)
+    harness = Harness()
+    try:
+        harness.peer.destroy_publisher(harness._prompt)
+        harness.start(prompt=None)
+        assert harness.wait_for(lambda: any("no prompt yet" in s.detail for s in harness.statuses))
+        time.sleep(2.5)  # the watch looks every second
+        assert harness.node.prompt_resubscribes == 0  # no publisher, nothing missed
+        # A publisher that has not published: to the node, the same as one whose latched prompt it missed.
+        publisher = harness.peer.create_publisher(String, harness.config.topics.prompt, policy_node.LATCHED)
+        assert harness.wait_for(lambda: harness.node.prompt_resubscribes >= 2, 6.0), harness.node.prompt_resubscribes
+        assert harness.node.loop is not None and not harness.node.loop.assembler.has_prompt()
+        publisher.publish(String(data="reach the red block"))
+        harness.wait_state("running")
+        settled = harness.node.prompt_resubscribes
+        time.sleep(2.5)
+        assert harness.node.prompt_resubscribes == settled  # a prompt came: no more subscribing
+        assert harness.wait_for(lambda: harness.commands_during(0.3) > 0)
+    finally:
+        harness.close()

@@ -13,6 +13,7 @@ is active; status and diagnostics are plain publishers, reporting in every state
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,11 @@ from omni_ros.nodes.policy_loop import Chunk, PolicyLoop
 from omni_ros.policy.base import Policy
 
 LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+# A reader that joins late can miss a latched message (eProsima/Fast-DDS#3822: 5-10% of late joiners in its
+# reproducer; seen here once in about 20 test runs as a policy node that never got the simulator's prompt and held
+# the arm). While the node holds no prompt and the prompt topic has a publisher, it subscribes again every this
+# many seconds: a new reader is sent the publisher's latched prompt afresh.
+PROMPT_RESUBSCRIBE_S = 5.0
 
 
 class PolicyNode(LifecycleNode):
@@ -52,6 +58,10 @@ class PolicyNode(LifecycleNode):
         self._diag_pub: Any = None
         self._status_timer: Any = None
         self._run_policy: Any = None
+        self._prompt_sub: Any = None
+        self._prompt_timer: Any = None
+        self._prompt_subscribed_at = 0.0
+        self.prompt_resubscribes = 0  # times the prompt was subscribed again (PROMPT_RESUBSCRIBE_S)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -97,9 +107,10 @@ class PolicyNode(LifecycleNode):
             )
         self._input_subs += [
             self.create_subscription(JointState, topics.joint_states, loop.joint_state, qos_profile_sensor_data),
-            self.create_subscription(String, topics.prompt, loop.prompt, LATCHED),
             self.create_subscription(Bool, topics.estop, lambda m: self._on_estop(bool(m.data)), 10),
         ]
+        self._subscribe_prompt()
+        self._prompt_timer = self.create_timer(1.0, self._watch_prompt)
         self._trigger_srvs = [
             self.create_service(Trigger, "~/pause", lambda _, r: _answer(r, *loop.pause())),
             self.create_service(Trigger, "~/resume", lambda _, r: _answer(r, *loop.resume())),
@@ -161,10 +172,13 @@ class PolicyNode(LifecycleNode):
         if self.loop is not None:
             self.loop.close(wait=wait)
             self.loop = None
-        for timer in (self._status_timer, self._failure_timer):
+        for timer in (self._status_timer, self._failure_timer, self._prompt_timer):
             if timer is not None:
                 self.destroy_timer(timer)
-        self._status_timer = self._failure_timer = None
+        self._status_timer = self._failure_timer = self._prompt_timer = None
+        if self._prompt_sub is not None:
+            self.destroy_subscription(self._prompt_sub)
+            self._prompt_sub = None
         if self._commands is not None:
             self._commands.destroy()
             self._commands = None
@@ -179,6 +193,31 @@ class PolicyNode(LifecycleNode):
             if pub is not None:
                 self.destroy_publisher(pub)
         self._chunk_pub = self._status_pub = self._diag_pub = None
+
+    def _subscribe_prompt(self) -> None:
+        assert self.loop is not None  # configured
+        self._prompt_sub = self.create_subscription(String, self.config.topics.prompt, self.loop.prompt, LATCHED)
+        self._prompt_subscribed_at = time.monotonic()
+
+    def _watch_prompt(self) -> None:
+        """Subscribe to the prompt again while none came and the topic has a publisher (PROMPT_RESUBSCRIBE_S)."""
+        loop, topic = self.loop, self.config.topics.prompt
+        if loop is None or self._prompt_sub is None or loop.assembler.has_prompt():
+            return
+        if time.monotonic() - self._prompt_subscribed_at < PROMPT_RESUBSCRIBE_S:
+            return
+        publishers = self.count_publishers(topic)
+        if publishers == 0:
+            return  # nothing to miss: the status already says no prompt yet
+        self.prompt_resubscribes += 1
+        say = self.get_logger().warning if self.prompt_resubscribes == 1 else self.get_logger().debug
+        say(
+            f"no prompt from the {publishers} publisher(s) of {topic} in {PROMPT_RESUBSCRIBE_S:g} s: subscribing "
+            "again (a reader that joins late can miss a latched message); if this repeats, the publisher may be "
+            "volatile or not have published yet: publish the prompt (transient-local) or send a RunPolicy goal"
+        )
+        self.destroy_subscription(self._prompt_sub)
+        self._subscribe_prompt()
 
     def _on_estop(self, engaged: bool) -> None:
         if self.loop is not None:

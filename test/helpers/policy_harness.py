@@ -74,12 +74,14 @@ class Harness:
             threading.Thread(target=self._publish_loop, daemon=True),
         ]
 
-    def start(self, prompt: str = "reach the red block") -> Harness:
+    def start(self, prompt: str | None = "reach the red block") -> Harness:
+        """Configure and activate the node, start the peer, publish `prompt` (None: no prompt)."""
         self.node.trigger_configure()
         self.node.trigger_activate()
         for t in self._threads:
             t.start()
-        self._prompt.publish(String(data=prompt))
+        if prompt is not None:
+            self._prompt.publish(String(data=prompt))
         return self
 
     def _publish_loop(self) -> None:
