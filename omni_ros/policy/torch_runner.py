@@ -245,11 +245,11 @@ class TorchRunner:
             # only), so the compiled vision tower and prefill see the same kind of tensors whatever the request:
             # a compiled graph guards on it, and an inference tensor where it was built for a plain one (or the
             # reverse) is a call it cannot serve.
+            if self.compact:
+                inputs = compact(inputs)
+            elif self.prompt_length is not None:
+                inputs = inputs.padded_prompt(self.prompt_length)
             with torch.inference_mode():
-                if self.compact:
-                    inputs = compact(inputs)
-                elif self.prompt_length is not None:
-                    inputs = inputs.padded_prompt(self.prompt_length)
                 prefix, prefix_mask = model.embed_prefix(inputs)
             clock.lap("embed_prefix_ms")
             if self.prefill is not None:
