@@ -51,24 +51,6 @@ def _refuses_rtc(exported) -> None:
         check_rtc_support(ControlConfig(blending="rtc"), exported)
 
 
-def test_xnnpack_program_from_the_cli_decodes_eagers_tokens(tmp_path, root):
-    pte = tmp_path / "p.pte"
-    cmd = [sys.executable, "-m", "omni_ros.cli", "export", "--checkpoint", str(CHECKPOINT), "--out", str(pte)]
-    run = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    sidecar = read_sidecar(pte)
-    assert sidecar.family == "pi0_fast" and list(sidecar.methods) == ["prefill", "decode_step"]
-    # The FAST tokenizer travels with the program (relative to it): the checkpoint folder is not needed to serve.
-    assert sidecar.model.fast.path == "p.pte.fast_tokenizer" and (tmp_path / "p.pte.fast_tokenizer").is_dir()
-    exported = load_policy(PolicyConfig(backend="executorch", pte=str(pte)))
-    try:
-        assert exported.metadata.backend == "executorch-xnnpack" and exported.metadata.noise_shape is None
-        _same_as_eager(exported)
-        _refuses_rtc(exported)
-    finally:
-        exported.close()
-
-
 def test_onnx_export_decodes_eagers_tokens(tmp_path):
     from omni_ros.export.exporter import export_checkpoint
 
@@ -83,27 +65,42 @@ def test_onnx_export_decodes_eagers_tokens(tmp_path):
         exported.close()
 
 
-def test_an_int8_program_decodes_lerobots_tokens_where_its_choice_is_clear(tmp_path):
-    """An int8-dynamic `.pte` computes other logits than float32: its tokens must be LeRobot's wherever the
-    reference's top-2 margin is clear (test_reference_pi0fast.py's rule for eager int8); the program says it is
-    int8-dynamic, and so does the policy's precision."""
+def test_an_int8_program_from_the_cli_decodes_lerobots_tokens_where_its_choice_is_clear(tmp_path, root):
+    """`omni-ros export --quantize int8-dynamic`: an int8 `.pte` computes other logits than float32, so its tokens
+    must be LeRobot's wherever the reference's top-2 margin is clear (test_reference_pi0fast.py's rule for eager
+    int8); the program says it is int8-dynamic, and so does the policy's precision. (The float32 export's very
+    tokens are checked through ONNX above: the same traced methods; one XNNPACK lowering of the decoder here, about
+    45 s of CPU each.)"""
     from test_reference_pi0fast import DECISIVE_MARGIN, case_data
 
-    from omni_ros.export.exporter import export_checkpoint
-
-    pte = tmp_path / "int8.pte"
-    export_checkpoint(CHECKPOINT, pte, quantize="int8-dynamic")
-    assert read_sidecar(pte).quantize == "int8-dynamic"
+    pte = tmp_path / "p.pte"
+    cmd = [sys.executable, "-m", "omni_ros.cli", "export", "--checkpoint", str(CHECKPOINT), "--out", str(pte)]
+    run = subprocess.run([*cmd, "--quantize", "int8-dynamic"], cwd=root, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    sidecar = read_sidecar(pte)
+    assert sidecar.family == "pi0_fast" and list(sidecar.methods) == ["prefill", "decode_step"]
+    assert sidecar.quantize == "int8-dynamic"
+    # The FAST tokenizer travels with the program (relative to it): the checkpoint folder is not needed to serve.
+    assert sidecar.model.fast.path == "p.pte.fast_tokenizer" and (tmp_path / "p.pte.fast_tokenizer").is_dir()
     exported = load_policy(PolicyConfig(backend="executorch", pte=str(pte)))
     try:
+        assert exported.metadata.backend == "executorch-xnnpack-int8-dynamic" and exported.metadata.noise_shape is None
         assert exported.metadata.precision.startswith("int8")
         for case in MANIFEST["fixtures"][FIXTURE]["cases"]:
             _, data = case_data(FIXTURE, case)
-            ours = exported.infer(observation(FIXTURE, case))["action_tokens"].tolist()
+            obs = observation(FIXTURE, case)
+            out = exported.infer(obs)
+            ours = out["action_tokens"].tolist()
             ref, margins = data["action_tokens"][0].tolist(), data["top2_margin"][0]
             unclear = [t for t, m in enumerate(margins[: len(ref)]) if m < DECISIVE_MARGIN]
             clear = unclear[0] if unclear else len(ref)
             assert ours[:clear] == ref[:clear], (case, ours, ref)
+            assert out["policy_timing"]["decode_steps"] == len(ours)
+            # The token-only path (bench/pi0_fast.py times it): the same loop, the same tokens, not detokenized.
+            runner = exported.runner
+            inputs = exported.processor.inputs([exported.processor.parse(obs)], runner.device, runner.dtype)
+            assert runner.generate(inputs).tokens[0].tolist() == ours, case
+        _refuses_rtc(exported)
     finally:
         exported.close()
 

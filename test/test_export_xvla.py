@@ -1,11 +1,12 @@
 """X-VLA exported: encode + denoise_step (staged, X-VLA's own clean-estimate loop in the runner) and the fused `sample`,
 to ExecuTorch XNNPACK fp32 and ONNX, on the LeRobot 0.6.1 fixtures (test_reference_xvla.py checks eager against
 LeRobot): xvla_1cam (ee6d: sigmoid grippers, domains 1 and 2) and xvla_3cam (auto: the real width cut, domains 0 and
-2, missing cameras). xvla_1cam goes to a .pte (staged methods, guided RTC step) and to ONNX (staged and fused),
-xvla_3cam to ONNX, staged (a .pte lowers the same graphs, minutes more of CPU). The fused `sample` is checked as ONNX
-of xvla_1cam only: it traces the very graphs of the staged methods (test_fused_and_staged_forms_trace_to_eager, on
-xvla_3cam's missing camera and both its domains), whose XNNPACK lowering the staged .pte checks; lowering its
-unrolled loop took 42 s of this module's CPU, converting xvla_3cam's to ONNX 26 s.
+2, missing cameras). xvla_1cam goes to a .pte (staged methods, guided RTC step) and to ONNX (staged), xvla_3cam to
+ONNX, staged (a .pte lowers the same graphs, minutes more of CPU). The fused `sample` is checked as ONNX of xvla_1cam
+only, its loop unrolled over FUSED_STEPS steps against eager's loop of as many: it traces the very graphs of the
+staged methods (test_fused_and_staged_forms_trace_to_eager, on xvla_3cam's missing camera and both its domains),
+whose XNNPACK lowering the staged .pte checks; lowering its unrolled loop took 42 s of this module's CPU, converting
+xvla_3cam's to ONNX 26 s, and converting xvla_1cam's ten steps to ONNX 50 s.
 
 Tolerance: 1e-4 abs on the actions in float32, against eager and against LeRobot's fixture actions (the same
 arithmetic in other kernels; eager itself is within about 2e-7 of LeRobot, test_reference_xvla.py).
@@ -23,6 +24,7 @@ import pytest
 import torch
 from test_reference_xvla import MANIFEST, REFERENCE, case, every_case, policy
 
+import omni_ros.policy
 from omni_ros.backends.executorch_runner import load_pte
 from omni_ros.backends.factory import load_policy
 from omni_ros.backends.onnx_runner import load_onnx
@@ -55,6 +57,8 @@ def _cli_export(root: Path, fixture: str, out: Path, *extra: str) -> None:
 
 
 STAGED = ["encode", "denoise_step"]
+# The fused ONNX program's steps (each repeats the same traced graph; the checkpoint's ten cost 50 s to convert).
+FUSED_STEPS = 3
 
 
 @pytest.fixture(scope="module")
@@ -65,22 +69,33 @@ def exports(tmp_path_factory, root) -> dict[str, Path]:
     from omni_ros.export.exporter import export_checkpoint
 
     base = tmp_path_factory.mktemp("xvla")
-    out = {"xvla_1cam.pte": base / "1cam.pte", "xvla_1cam.onnx": base / "1cam_onnx", "xvla_3cam.onnx": base / "3cam"}
+    out = {
+        "xvla_1cam.pte": base / "1cam.pte",
+        "xvla_1cam.onnx": base / "1cam_onnx",
+        "xvla_1cam.fused": base / "1cam_fused",
+        "xvla_3cam.onnx": base / "3cam",
+    }
     _cli_export(root, "xvla_1cam", out["xvla_1cam.pte"], "--methods", *STAGED, "--rtc")
-    _cli_export(root, "xvla_1cam", out["xvla_1cam.onnx"], "--target", "onnx")
+    _cli_export(root, "xvla_1cam", out["xvla_1cam.onnx"], "--target", "onnx", "--methods", *STAGED)
+    fused = {"target": "onnx", "methods": ["sample"], "num_steps": FUSED_STEPS}
+    export_checkpoint(REFERENCE / "xvla_1cam", out["xvla_1cam.fused"], **fused)
     export_checkpoint(REFERENCE / "xvla_3cam", out["xvla_3cam.onnx"], target="onnx", methods=STAGED)
     return out
 
 
 def _policies(exports: dict[str, Path], fixture: str) -> dict[str, object]:
-    """label -> (exported policy, the number of denoising steps it runs)."""
+    """label -> exported policy, each running the checkpoint's ten steps (the fused program: _fused)."""
     out: dict[str, object] = {}
     if f"{fixture}.pte" in exports:
         out["pte staged"] = load_pte(exports[f"{fixture}.pte"], mode="staged")
     out["onnx staged"] = load_onnx(exports[f"{fixture}.onnx"], mode="staged")
-    if "sample" in read_onnx_sidecar(exports[f"{fixture}.onnx"]).methods:
-        out["onnx fused"] = load_onnx(exports[f"{fixture}.onnx"], mode="fused")
     return out
+
+
+def _fused(exports: dict[str, Path]):
+    """xvla_1cam's fused ONNX program (FUSED_STEPS steps) and eager with as many steps."""
+    fused = load_onnx(exports["xvla_1cam.fused"], mode="fused")
+    return fused, omni_ros.policy.load(REFERENCE / "xvla_1cam", num_steps=FUSED_STEPS)
 
 
 @pytest.mark.slow
@@ -99,14 +114,38 @@ def test_programs_give_eagers_and_lerobots_actions(exports, fixture):
 
 
 @pytest.mark.slow
+def test_the_fused_program_runs_eagers_loop(exports):
+    """The fused `sample` (X-VLA's clean-estimate loop unrolled into the graph) gives eager's chunk, every case
+    (both domain ids in the one program), with eager's loop of as many steps; it holds no step to continue a chunk
+    from, so RTC is refused, and an unknown domain as eager refuses it."""
+    fused, eager = _fused(exports)
+    assert read_onnx_sidecar(exports["xvla_1cam.fused"]).num_steps == FUSED_STEPS
+    for name, data, obs in every_case("xvla_1cam"):
+        noise = data["noise"][0]
+        got, want = fused.infer(obs, noise=noise)["actions"], eager.infer(obs, noise=noise)["actions"]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=name)
+    assert fused.rtc_methods == ()
+    with pytest.raises(ConfigError, match="does not support real-time chunking"):
+        check_rtc_support(ControlConfig(blending="rtc"), fused)
+    with pytest.raises(RtcError, match="cannot serve rtc method 'inpaint'"):
+        fused.infer(obs, noise=noise, rtc=RtcRequest(want[3:], inference_delay=3, method="inpaint"))
+    with pytest.raises(ObservationError) as eager_error:
+        eager.infer({**obs, "domain_id": 99}, noise=noise)
+    with pytest.raises(ObservationError) as error:
+        fused.infer({**obs, "domain_id": 99}, noise=noise)
+    assert str(error.value) == str(eager_error.value)
+
+
+@pytest.mark.slow
 def test_sidecars_and_the_backend_factory(exports):
     fixture = "xvla_1cam"
     sidecar = read_sidecar(exports[f"{fixture}.pte"])
     assert sidecar.family == "xvla" and list(sidecar.methods) == [*STAGED, "guided_step"]
-    onnx = read_onnx_sidecar(exports[f"{fixture}.onnx"])
-    assert list(onnx.methods) == METHODS
+    onnx, fused = read_onnx_sidecar(exports[f"{fixture}.onnx"]), read_onnx_sidecar(exports["xvla_1cam.fused"])
+    assert list(onnx.methods) == STAGED and list(fused.methods) == ["sample"]
     # One program for every embodiment: the domain is an input of each method.
-    for method in [*sidecar.methods.values(), *onnx.methods.values()]:
+    for method in [*sidecar.methods.values(), *onnx.methods.values(), *fused.methods.values()]:
         (domain,) = [s for s in method.inputs if s.name == "domain_id"]
         assert domain.dtype == "int64" and domain.shape == (1,)
     for method, report in sidecar.delegation.items():
@@ -174,8 +213,8 @@ GUIDED_TOL = 1e-5
 def test_staged_programs_continue_chunks_as_eager_does(exports):
     """RTC on X-VLA programs: the staged runners run X-VLA's own loop (clean estimates, x_t re-noised from them)
     with the prefix's estimates inpainted, eager's arithmetic; guided RTC through the .pte's traced guided step
-    (`--rtc`), eager's too; an ONNX program (no guided step) and the fused programs (the loop traced in) are
-    refused what they cannot serve at configure, with what is served instead."""
+    (`--rtc`), eager's too; an ONNX program (no guided step) is refused what it cannot serve at configure, with
+    what is served instead (the fused program: test_the_fused_program_runs_eagers_loop)."""
     eager = policy("xvla_1cam")
     check_rtc_support(ControlConfig(blending="rtc"), eager)  # the torch backend serves both methods
     for name in ("pick_domain1", "pick_domain2"):
@@ -192,11 +231,6 @@ def test_staged_programs_continue_chunks_as_eager_does(exports):
         guided_want = eager.infer(obs, noise=noise, rtc=guided_request)["actions"]
         assert np.abs(guided_want - plain).max() > 1e-2  # the guidance moved the chunk
         for label, exported in _policies(exports, "xvla_1cam").items():
-            if "fused" in label:
-                assert exported.rtc_methods == (), label
-                with pytest.raises(RtcError, match="cannot serve rtc method 'inpaint'"):
-                    exported.infer(obs, noise=noise, rtc=request)
-                continue
             got = exported.infer(obs, noise=noise, rtc=request)["actions"]
             np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=f"{label} {name}")
             if label == "pte staged":
