@@ -158,15 +158,22 @@ def _int_mm_heads(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _int8_scores_operands(
+    q: torch.Tensor, k: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q and k quantized per token (one scale per row of each head), as `_int_mm_heads` takes them: q [B*H, Q, D],
+    k^T [B*H, D, K] contiguous; and their scales [B, H, rows, 1]."""
+    from omni_ros.policy.precision.int8_linear import quantize_rows
+
+    (qi, qs), (ki, ks) = quantize_rows(q), quantize_rows(k)
+    return qi.flatten(0, 1), ki.flatten(0, 1).transpose(1, 2).contiguous(), qs, ks
+
+
 def _int_mm_scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention with int8 q k^T (torch's `_int_mm`, one head at a time: it multiplies matrices) from per-token
     int8 q and k; the scale, the softmax and p v in float32, as int8 attention schemes keep them."""
-    from omni_ros.policy.precision.int8_linear import quantize_rows  # per token: one scale per row of each head
-
     batch, heads, queries, dim = q.shape
-    qi, qs = quantize_rows(q * dim**-0.5)
-    ki, ks = quantize_rows(k)
-    qi, kt = qi.flatten(0, 1), ki.flatten(0, 1).transpose(1, 2).contiguous()
+    qi, kt, qs, ks = _int8_scores_operands(q * dim**-0.5, k)
     scores = _int_mm_heads(qi, kt).view(batch, heads, queries, -1)
     return torch.softmax(scores.float() * qs * ks.transpose(-1, -2), dim=-1) @ v
 
@@ -190,8 +197,7 @@ def int8_attention_rows(runs: int) -> dict[str, Any]:
         outputs = {"int8_int_mm_scores_ms": _int_mm_scores_attention(q, k, v)}
         # The scores' product alone, each precision's kernel (one head at a time for `_int_mm`): where the time of
         # the int8 attention above goes, if not into its product.
-        q8 = quantize_rows(q)[0].flatten(0, 1)
-        k8t = quantize_rows(k)[0].flatten(0, 1).transpose(1, 2).contiguous()
+        q8, k8t, _, _ = _int8_scores_operands(q, k)
         fns["fp32_scores_bmm_ms"] = partial(torch.bmm, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2).contiguous())
         fns["int8_scores_int_mm_ms"] = partial(_int_mm_heads, q8, k8t)
         try:

@@ -38,12 +38,16 @@ def _same_as_eager(exported) -> None:
         np.testing.assert_allclose(ours["actions"], ref["actions"], rtol=0, atol=ACTION_TOL)
         timing = ours["policy_timing"]
         assert timing["decode_steps"] == len(ours["action_tokens"]) and timing["tokens_per_s"] > 0
-        # The token-only path (bench/pi0_fast.py times it): the same loop, the same tokens, not detokenized.
-        runner = exported.runner
-        inputs = exported.processor.inputs([exported.processor.parse(obs)], runner.device, runner.dtype)
-        generated = runner.generate(inputs)
-        assert generated.tokens[0].tolist() == ours["action_tokens"].tolist(), case
-        assert generated.prefill_ms > 0 and generated.logits is None
+        _token_only_path_gives(exported, obs, ours["action_tokens"].tolist())
+
+
+def _token_only_path_gives(exported, obs: dict, tokens: list[int]) -> None:
+    """The token-only path (bench/pi0_fast.py times it): the same loop, the same tokens, not detokenized."""
+    runner = exported.runner
+    inputs = exported.processor.inputs([exported.processor.parse(obs)], runner.device, runner.dtype)
+    generated = runner.generate(inputs)
+    assert generated.tokens[0].tolist() == tokens
+    assert generated.prefill_ms > 0 and generated.logits is None
 
 
 def _refuses_rtc(exported) -> None:
@@ -96,10 +100,7 @@ def test_an_int8_program_from_the_cli_decodes_lerobots_tokens_where_its_choice_i
             clear = unclear[0] if unclear else len(ref)
             assert ours[:clear] == ref[:clear], (case, ours, ref)
             assert out["policy_timing"]["decode_steps"] == len(ours)
-            # The token-only path (bench/pi0_fast.py times it): the same loop, the same tokens, not detokenized.
-            runner = exported.runner
-            inputs = exported.processor.inputs([exported.processor.parse(obs)], runner.device, runner.dtype)
-            assert runner.generate(inputs).tokens[0].tolist() == ours, case
+            _token_only_path_gives(exported, obs, ours)
         _refuses_rtc(exported)
     finally:
         exported.close()

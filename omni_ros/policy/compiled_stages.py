@@ -81,7 +81,8 @@ class CompiledStage:
     def __init__(self, stage: Callable[..., Any], name: str) -> None:
         self.eager, self.name = stage, name
         self.compiled: Callable[..., Any] | None = None
-        self.keys: set[Any] = set()  # (argument shapes, inference mode, grad mode, torch threads) compiled for
+        # (argument shapes and kinds, inference mode, grad mode, torch threads) compiled for
+        self.keys: set[Any] = set()
         self.sealed = False
         # Compilation is one call at a time (the vision tower's images arrive from several threads at once).
         self._lock = threading.Lock()
