@@ -1,7 +1,8 @@
 """omni_ros vs LeRobot 0.6.1 on the same X-VLA folder: chunk time, stages, peak RSS, real-time margin.
 
     .venv/bin/python bench/xvla.py [--threads 1 2] [--runs 3] [--tiny] [--fps 30] [--precisions bf16 int8]
-        [--int8-kernels auto onednn xnnpack program] [--work-dir DIR] [--lerobot-venv DIR] [--out FILE]
+        [--int8-kernels auto onednn xnnpack program] [--fp32-layouts packed dense] [--work-dir DIR]
+        [--lerobot-venv DIR] [--out FILE]
 
 LeRobot builds a random X-VLA (default: its 0.9 B config over Florence-2-large dims, 2 cameras at 480x640 ->
 224 px; --tiny: the fixtures' sizes, to check the script) and saves it with its processors and the fixtures' tiny
@@ -12,7 +13,9 @@ peak RSS <= 1.3x the fp32 weights. Each omni_ros row after fp32 gives its action
 fp32's (`rel_l2_vs_fp32`; every row draws the same seeded noise), against the bounds of 1% (bf16) and 4% (int8).
 int8 gets a row per `--int8-kernels` entry (`policy.int8_kernel`: auto, onednn, xnnpack, program; the first load of
 xnnpack or program builds its kernels or program into the per-checkpoint cache, in a child process whose memory is
-not in the row's peak RSS, and later loads reuse them: `load_s` says which).
+not in the row's peak RSS, and later loads reuse them: `load_s` says which). fp32 gets a row per `--fp32-layouts`
+entry (`policy.cpu_linear`: packed, the node's default; dense, MKL's products on plain weights as LeRobot runs
+them); the first fp32 row is the reference of `rel_l2_vs_fp32`.
 """
 
 from __future__ import annotations
@@ -117,7 +120,9 @@ def lerobot_time(folder: Path, threads: int, runs: int) -> dict[str, Any]:
     return {"chunk_ms": sorted(times)[len(times) // 2], "peak_rss_mb": peak_rss_mb()}
 
 
-def omni_time(folder: Path, threads: int, runs: int, precision: str, int8_kernel: str) -> dict[str, Any]:
+def omni_time(
+    folder: Path, threads: int, runs: int, precision: str, int8_kernel: str, cpu_linear: str = "packed"
+) -> dict[str, Any]:
     import torch
     from common import cpu_facts
 
@@ -125,10 +130,10 @@ def omni_time(folder: Path, threads: int, runs: int, precision: str, int8_kernel
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    # The linears as the node runs them (policy.cpu_linear: packed; fp32 only, the other precisions swap them),
-    # through the node's loader (int8_kernel `program`, which `auto` picks on an x86 CPU with VNNI and no AMX, is
-    # served there: the checkpoint's stages exported to one int8 program on its first load, then cached).
-    pol = load_checkpoint(folder, precision=precision, cpu_linear="packed", int8_kernel=int8_kernel)
+    # The linears as the node runs them (policy.cpu_linear: packed unless --fp32-layouts says otherwise; fp32 only,
+    # the other precisions swap them), through the node's loader (int8_kernel `program`, which `auto` picks on an
+    # x86 CPU with VNNI and no AMX, is served there: the stages exported to one int8 program on its first load).
+    pol = load_checkpoint(folder, precision=precision, cpu_linear=cpu_linear, int8_kernel=int8_kernel)
     load_s = time.perf_counter() - start
     images, rest = observation()
     obs = {"images": images, **rest}
@@ -166,6 +171,14 @@ def main() -> int:
     parser.add_argument(
         "--int8-kernels", nargs="+", default=["auto"], help="policy.int8_kernel of the int8 rows, a row each"
     )
+    parser.add_argument(
+        "--fp32-layouts",
+        nargs="+",
+        choices=["packed", "dense"],
+        default=["packed"],
+        help="policy.cpu_linear of the fp32 rows, a row each (default packed, the node's; dense: MKL's products on "
+        "plain weights, as LeRobot runs them)",
+    )
     parser.add_argument("--precision", default="fp32")
     args = parser.parse_args()
     folder = args.work_dir / ("xvla_tiny" if args.tiny else "xvla_full")
@@ -175,7 +188,7 @@ def main() -> int:
     if args.role in ("lerobot-time", "omni-time"):
         t = args.threads[0]
         row = lerobot_time(folder, t, args.runs) if args.role == "lerobot-time" else None
-        row = row or omni_time(folder, t, args.runs, args.precision, args.int8_kernels[0])
+        row = row or omni_time(folder, t, args.runs, args.precision, args.int8_kernels[0], args.fp32_layouts[0])
         print(json.dumps(row))
         return 0
     import numpy as np
@@ -193,11 +206,13 @@ def main() -> int:
     for threads in args.threads:
         ref = row(lerobot, "lerobot-time", threads)
         fp32_actions = None
-        variants = [(p, k) for p in args.precisions for k in (args.int8_kernels if p == "int8" else ["auto"])]
-        for precision, kernel in variants:
-            ours = row(sys.executable, "omni-time", threads, "--precision", precision, "--int8-kernels", kernel)
+        options = {"int8": [(k, "packed") for k in args.int8_kernels], "fp32": [("auto", x) for x in args.fp32_layouts]}
+        variants = [(p, k, x) for p in args.precisions for k, x in options.get(p, [("auto", "packed")])]
+        for precision, kernel, layout in variants:
+            extra = ["--precision", precision, "--int8-kernels", kernel, "--fp32-layouts", layout]
+            ours = row(sys.executable, "omni-time", threads, *extra)
             actions = np.asarray(ours.pop("actions"))
-            if precision == "fp32":
+            if precision == "fp32" and fp32_actions is None:  # the first fp32 row is the reference
                 fp32_actions = actions
             elif fp32_actions is not None:
                 # The issue's accuracy bounds on full-size weights: relative L2 distance from fp32's chunk.
@@ -207,6 +222,7 @@ def main() -> int:
                     "threads": threads,
                     "precision": precision,
                     "int8_kernel": kernel,
+                    "cpu_linear": layout,
                     "lerobot_chunk_ms": ref["chunk_ms"],
                     "lerobot_peak_rss_mb": ref["peak_rss_mb"],
                     **ours,
