@@ -520,3 +520,52 @@ def test_eval_replays_a_bag_through_an_xvla_checkpoint(tmp_path):
     metrics = replay_metrics(tmp_path, ARM, spec)
     assert metrics["policy"]["model"] == "xvla_1cam" and metrics["overall"]["evaluated"] >= 5
     assert np.isfinite(metrics["overall"]["mae"])
+
+
+def test_the_head_steps_take_the_threads_their_timing_chose():
+    """With two torch threads each head step runs on the torch threads its timing chose (cpu_threads.StepThreads:
+    one and two timed, the faster kept, as for the other families' denoising steps), plain and guided RTC steps
+    timed apart; torch's threads are back as set after each chunk, and the chunk is still LeRobot's (TOL: float
+    sums in another order)."""
+    import torch
+
+    from omni_ros.cpu_threads import StepThreads
+    from omni_ros.policy.rtc import RtcRequest
+
+    torch.set_num_threads(2)  # torch_one_thread restores the thread count after the test
+    pol = omni_ros.policy.load(REFERENCE / "xvla_1cam")
+    runner = pol.runner
+    assert runner.step_threads is not None and runner.step_threads.candidates == (1, 2)
+    assert runner.guided_step_threads is not None and runner.guided_step_threads.candidates == (1, 2)
+    seen: list[int] = []
+    real = runner.model.transformer.step
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    runner.model.transformer.step = spy
+    runner.step_threads = plain = StepThreads((1, 2), samples=2, warmup=0)
+    _, data, obs = case("xvla_1cam", "pick_domain1")
+    for _ in range(2):
+        out = pol.infer(obs, noise=data["noise"][0])
+        np.testing.assert_allclose(out["actions"], data["actions"][0], rtol=0, atol=TOL)
+        assert torch.get_num_threads() == 2
+    steps = len(seen) // 2
+    assert steps >= 3 and sorted(seen[:4]) == [1, 1, 2, 2] and plain.chosen in (1, 2)
+    assert seen[4:] == [plain.chosen] * (2 * steps - 4)
+
+    runner.guided_step_threads = None  # the threads as set: the guided baseline
+    request = RtcRequest(prev_actions=out["actions"] + 0.5 * out["actions"].std(), inference_delay=4)
+    seen.clear()
+    baseline = pol.infer(obs, noise=data["noise"][0], rtc=request)["actions"]
+    assert seen == [2] * steps
+    runner.guided_step_threads = guided = StepThreads((1, 2), samples=2, warmup=0)
+    seen.clear()
+    timings = {n: list(t) for n, t in plain.timings.items()}
+    for _ in range(2):
+        again = pol.infer(obs, noise=data["noise"][0], rtc=request)["actions"]
+        np.testing.assert_allclose(again, baseline, rtol=0, atol=TOL)
+    assert sorted(seen[:4]) == [1, 1, 2, 2] and guided.chosen in (1, 2)
+    assert seen[4:] == [guided.chosen] * (2 * steps - 4)
+    assert plain.timings == timings  # guided steps are not timed as plain ones
