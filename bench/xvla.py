@@ -121,7 +121,7 @@ def lerobot_time(folder: Path, threads: int, runs: int) -> dict[str, Any]:
 
 
 def omni_time(
-    folder: Path, threads: int, runs: int, precision: str, int8_kernel: str, cpu_linear: str = "packed"
+    folder: Path, threads: int, runs: int, precision: str, int8_kernel: str, cpu_linear: str
 ) -> dict[str, Any]:
     import torch
     from common import cpu_facts
@@ -206,8 +206,12 @@ def main() -> int:
     for threads in args.threads:
         ref = row(lerobot, "lerobot-time", threads)
         fp32_actions = None
-        options = {"int8": [(k, "packed") for k in args.int8_kernels], "fp32": [("auto", x) for x in args.fp32_layouts]}
-        variants = [(p, k, x) for p in args.precisions for k, x in options.get(p, [("auto", "packed")])]
+        # (int8_kernel, cpu_linear) of each precision's rows: only int8 has kernels and only fp32 keeps the linears
+        per_precision = {
+            "int8": [(k, "packed") for k in args.int8_kernels],
+            "fp32": [("auto", x) for x in args.fp32_layouts],
+        }
+        variants = [(p, k, x) for p in args.precisions for k, x in per_precision.get(p, [("auto", "packed")])]
         for precision, kernel, layout in variants:
             extra = ["--precision", precision, "--int8-kernels", kernel, "--fp32-layouts", layout]
             ours = row(sys.executable, "omni-time", threads, *extra)
