@@ -5,7 +5,7 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
         [--runs 3] [--fps 30] [--live-seconds 120] [--live-precision auto] [--live-wait-policies passive brief]
         [--live-executors events single] [--compiled bf16 int8] [--live-compile off on] [--live-compiled]
         [--int8-kernel auto|onednn|xnnpack|program ...] [--offline-rtc-method guided|inpaint]
-        [--live-int8-kernels xnnpack program] [--live-serve]
+        [--live-int8-kernels xnnpack program] [--live-serve] [--live-idle-poll on off]
         [--live-resume off on] [--live-rtc-method inpaint] [--live-program-processes child inline]
         [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
@@ -57,6 +57,8 @@ process, the same config's policy section, keymap canonical) and the node as its
 cores reported beside the node's (`cores_busy`). In the node an exported program runs in a child process of the
 node (`policy.program_process: auto`), whose cores count as the node's; `--live-program-processes child inline`
 runs it once in that child and once in the node's own process, where ExecuTorch's hold on the GIL stalls the loop.
+`--live-idle-poll on off` runs it once per `policy.cpu_idle_poll` (`live_by_idle_poll`: idle cores polling while the
+policy infers, or halting; omni_ros/cpu_idle.py); the machine's default is in `machine.cpu_idle_poll`.
 
 Offline rows only: `--skip-live`; the live runs only: `--precisions` with no value.
 """
@@ -258,6 +260,7 @@ def live(
     resume: str = "on",
     program_process: str = "auto",
     int8_kernel: str | None = None,
+    idle_poll: str | None = None,
 ) -> dict[str, Any]:
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor
@@ -281,6 +284,8 @@ def live(
     data["policy"]["program_process"] = program_process
     if wait_policy is not None:
         data["policy"]["omp_wait_policy"] = wait_policy
+    if idle_poll is not None:
+        data["policy"]["cpu_idle_poll"] = idle_poll
     # The actions play at the rate the offline rows compare against (a LeRobot checkpoint records none).
     data["policy"]["action_dt"] = 1.0 / args.fps
     data["control"] = {**data.get("control", {}), "blending": "rtc"}
@@ -391,6 +396,7 @@ def live(
         "seconds": args.live_seconds,
         "precision": statuses[-1].precision if statuses else None,
         "omp_wait_policy": wait_policy or "default",
+        "cpu_idle_poll": idle_poll or "default",
         "executor": executor or "default",
         "compiled": compile == "on",
         "resume_where_held": resume == "on",
@@ -533,6 +539,13 @@ def main() -> int:
         help="the live run's policy in `omni-ros serve` on 127.0.0.1, the node its remote client (policy.backend: "
         "remote): the policy's process then runs no control loop",
     )
+    parser.add_argument(
+        "--live-idle-poll",
+        nargs="+",
+        choices=["auto", "on", "off"],
+        help="one live run per policy.cpu_idle_poll value (live_by_idle_poll): idle cores kept polling while the "
+        "policy infers (/dev/cpu_dma_latency), or sleeping",
+    )
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--lerobot-python", default=str(Path(os.environ.get("LEROBOT_VENV", "/work/venv-lerobot"))
@@ -578,9 +591,10 @@ def main() -> int:
         variants += [("resume", r) for r in args.live_resume or []]
         variants += [("program_process", r) for r in args.live_program_processes or []]
         variants += [("int8_kernel", k) for k in args.live_int8_kernels or []]
+        variants += [("idle_poll", k) for k in args.live_idle_poll or []]
         runs = {(kind, value): live(args, **{kind: value}) for kind, value in variants or [("wait_policy", None)]}
         report["live"] = next(iter(runs.values()))
-        kinds = ("wait_policy", "executor", "compile", "resume", "program_process", "int8_kernel")
+        kinds = ("wait_policy", "executor", "compile", "resume", "program_process", "int8_kernel", "idle_poll")
         for kind, key in ((k, f"live_by_{k}") for k in kinds):
             if any(k == kind for k, _ in variants):
                 report[key] = {value: run for (k, value), run in runs.items() if k == kind}

@@ -1,7 +1,8 @@
 """The denoising steps on one torch thread against all of them, per precision, side by side.
 
     .venv/bin/python bench/step_threads.py --checkpoint DIR [--threads 2] [--precisions fp32 bf16 int8]
-        [--rounds 5] [--compiled] [--wait-policy passive|brief|active] [--out bench/results/step_threads.json]
+        [--rounds 5] [--compiled] [--wait-policy passive|brief|active] [--idle-poll auto|on|off]
+        [--out bench/results/step_threads.json]
 
 The product times both on a policy's first chunks and keeps the faster (omni_ros.cpu_threads.StepThreads, every
 CPU runner with more than one torch thread). This shows what that choice is worth: for each precision, one fresh
@@ -15,7 +16,8 @@ pi0_edge) or bench/smolvla.py's.
 graph keeps the thread count it was compiled for, so each arm is its own fresh process (one thread first, then
 `--threads`), each compiling on its first chunk (`first_chunk_s`), then `--rounds` chunks; `denoise_ratio` is the
 second arm's median denoising time over the first's. `--wait-policy` runs the workers under that
-`policy.omp_wait_policy` (default: the product's, passive).
+`policy.omp_wait_policy` (default: the product's, passive), `--idle-poll` under that `policy.cpu_idle_poll`
+(default auto: idle cores polling while inferring where /dev/cpu_dma_latency is writable; omni_ros/cpu_idle.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from common import add_worker_args, cpu_facts, emit
 from xnnpack_glue import _alternate, _observation
 
-from omni_ros.cpu_threads import DEFAULT_WAIT_POLICY, set_wait_policy
+from omni_ros.cpu_threads import DEFAULT_WAIT_POLICY, configure, set_wait_policy
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -40,6 +42,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import omni_ros.policy
     from omni_ros.cpu_threads import StepThreads
 
+    configure(idle_poll=args.idle_poll)
     threads = args.threads
     torch.set_num_threads(threads)
     load = omni_ros.policy.load
@@ -76,6 +79,9 @@ def main() -> int:
     parser.add_argument("--compiled", action="store_true", help="the compiled step (policy.compile), an arm a process")
     # Not "runtime": a worker importing omni_ros would set the product's default where the environment is unset.
     parser.add_argument("--wait-policy", choices=("passive", "brief", "active"), default=DEFAULT_WAIT_POLICY)
+    parser.add_argument(
+        "--idle-poll", choices=("auto", "on", "off"), default="auto", help="policy.cpu_idle_poll of the workers"
+    )
     parser.add_argument("--out", help="also write the JSON here")
     add_worker_args(parser)
     parser.add_argument("--steps-on", type=int, default=1, help=argparse.SUPPRESS)
@@ -89,7 +95,7 @@ def main() -> int:
     report["precisions"] = {}
     for precision in args.precisions:
         cmd = [sys.executable, __file__, "--worker", "--checkpoint", args.checkpoint, "--precision", precision]
-        cmd += ["--threads", str(args.threads), "--rounds", str(args.rounds)]
+        cmd += ["--threads", str(args.threads), "--rounds", str(args.rounds), "--idle-poll", args.idle_poll]
         if not args.compiled:
             report["precisions"][precision] = _run_worker(cmd, precision)
             continue
@@ -102,6 +108,7 @@ def main() -> int:
         one, many = (row[name]["denoise_ms"] for name in row if name.startswith("steps_on_"))
         row["denoise_ratio"] = round(many / one, 3)
         report["precisions"][precision] = row
+    configure(idle_poll=args.idle_poll)  # the machine facts say what the workers had
     report["machine"] = cpu_facts()
     emit(report, args.out)
     return 0

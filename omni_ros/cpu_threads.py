@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from omni_ros import cpu_idle
+
 T = TypeVar("T")
 
 logger = logging.getLogger("omni_ros.cpu_threads")
@@ -64,9 +66,21 @@ class ThreadSettings:
     wait_policy: str  # passive, brief, active, or runtime
     num_threads: int  # 0: torch's default
     torch_imported: bool
+    idle_poll: str  # whether idle cores poll while inferring, and why (omni_ros/cpu_idle.py)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"wait_policy": self.wait_policy, "num_threads": self.num_threads, "torch_imported": self.torch_imported}
+        return {
+            "wait_policy": self.wait_policy,
+            "num_threads": self.num_threads,
+            "torch_imported": self.torch_imported,
+            "cpu_idle_poll": self.idle_poll,
+        }
+
+    @property
+    def wakes_are_slow(self) -> bool:
+        """Whether waking an idle torch worker costs a core's exit from its idle state: passive waiting without
+        idle polling. Then a loop of small parallel regions (a compiled denoising step) is better on one thread."""
+        return self.wait_policy == "passive" and not self.idle_poll.startswith("on")
 
 
 def torch_imported() -> bool:
@@ -123,18 +137,28 @@ def current() -> ThreadSettings:
             threads = int(os.environ.get(NUM_THREADS_ENV, "0"))
         except ValueError:
             threads = 0
-    return ThreadSettings(wait, threads, torch_imported())
+    return ThreadSettings(wait, threads, torch_imported(), cpu_idle.status().describe())
 
 
-def configure(policy: Any = None, *, wait_policy: str | None = None, num_threads: int | None = None) -> ThreadSettings:
-    """Apply a `policy:` config section (its `omp_wait_policy` and `num_threads`), or explicit values.
+def configure(
+    policy: Any = None,
+    *,
+    wait_policy: str | None = None,
+    num_threads: int | None = None,
+    idle_poll: str | None = None,
+) -> ThreadSettings:
+    """Apply a `policy:` config section (its `omp_wait_policy`, `num_threads` and `cpu_idle_poll`), or explicit
+    values.
 
     wait_policy None keeps what is in effect (the environment's, else our PASSIVE default); num_threads None
-    or 0 keeps torch's default (one per physical core).
+    or 0 keeps torch's default (one per physical core); idle_poll None keeps what is set (auto by default).
     """
     if policy is not None:
         wait_policy = getattr(policy, "omp_wait_policy", None) if wait_policy is None else wait_policy
         num_threads = getattr(policy, "num_threads", 0) if num_threads is None else num_threads
+        idle_poll = getattr(policy, "cpu_idle_poll", None) if idle_poll is None else idle_poll
+    if idle_poll is not None:
+        cpu_idle.configure(idle_poll)
     if wait_policy is not None:
         wait_policy = wait_policy.lower()
         if wait_policy not in WAIT_POLICIES:

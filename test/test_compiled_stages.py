@@ -144,20 +144,22 @@ def test_another_thread_count_after_sealing_runs_eager():
         assert torch.equal(compiled(torch.arange(5.0)), torch.arange(5.0) * 2 + 1) and len(eager_calls) == 2
 
 
-@pytest.mark.parametrize("wait_policy", ["passive", "brief"])
-def test_the_compiled_steps_threads_follow_the_wait_policy(monkeypatch, wait_policy):
+@pytest.mark.parametrize("idle_poll", ["off: policy.cpu_idle_poll off", "on: /dev/cpu_dma_latency held"])
+def test_the_compiled_steps_threads_follow_the_cost_of_a_wake(monkeypatch, idle_poll):
     """A compiled graph keeps its thread count, so the runner sets the step's instead of timing it: one torch
-    thread where idle OpenMP workers sleep at once (passive: each of the step's parallel regions would wake one),
-    all of them where they spin a while (brief), each with the eager chunk's numbers."""
+    thread where waking an idle OpenMP worker is slow (passive waiting, cores halting: each of the step's parallel
+    regions would wake one), all of them where idle cores poll while inferring (or workers spin: brief,
+    test_cpu_idle.py), each with the eager chunk's numbers."""
     from omni_ros import cpu_threads
     from omni_ros.cpu_threads import ThreadSettings, torch_threads
 
-    monkeypatch.setattr(cpu_threads, "current", lambda: ThreadSettings(wait_policy, 2, True))
+    monkeypatch.setattr(cpu_threads, "current", lambda: ThreadSettings("passive", 2, True, idle_poll))
     data, obs = tensors("pi0_3cam", "all_cameras"), observation("pi0_3cam", "all_cameras")
+    slow_wakes = idle_poll.startswith("off")
     with torch_threads(2):
         policy = _load("pi0_3cam", "int8", compile=True)
         chooser = policy.runner.step_threads
-        if wait_policy == "passive":
+        if slow_wakes:
             assert chooser is not None and chooser.candidates == (1,)
         else:
             assert chooser is None
@@ -165,7 +167,7 @@ def test_the_compiled_steps_threads_follow_the_wait_policy(monkeypatch, wait_pol
         assert eager.runner.step_threads is not None and eager.runner.step_threads.candidates == (1, 2)  # timed
         out = policy.infer(obs, noise=data["noise"][0])["actions"]
         expected = eager.infer(obs, noise=data["noise"][0])["actions"]
-    step_threads = 1 if wait_policy == "passive" else 2
+    step_threads = 1 if slow_wakes else 2
     assert {key[-1] for key in policy.runner.denoise_step.keys} == {step_threads}  # (shapes, modes, threads)
     assert policy.runner.denoise_step.sealed
     assert _rel(out, expected) < VS_EAGER["int8"], _rel(out, expected)

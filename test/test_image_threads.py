@@ -99,7 +99,7 @@ def test_the_runner_splits_the_cameras_only_under_passive_waiting_on_the_cpu(mon
     fp32 = PrecisionChoice("fp32", "test")
 
     def runner(wait_policy: str) -> TorchRunner:
-        settings = cpu_threads.ThreadSettings(wait_policy, 2, True)
+        settings = cpu_threads.ThreadSettings(wait_policy, 2, True, "off: policy.cpu_idle_poll off")
         monkeypatch.setattr(cpu_threads, "current", lambda: settings)
         return TorchRunner(Pi0Model(cfg), precision=fp32)
 

@@ -83,6 +83,7 @@ class RemoteRunner:
     draws_noise = True
     backend = "remote"
     device = torch.device("cpu")
+    computes_locally = False  # the server's CPU computes the chunk: this one's idle cores may sleep
     dtype = torch.float32
 
     def __init__(

@@ -113,6 +113,7 @@ def describe(checkpoint) -> dict:
 def run_info(args: argparse.Namespace) -> int:
     import torch
 
+    from omni_ros import cpu_idle
     from omni_ros.cpu_features import detect
     from omni_ros.policy import families, layouts
     from omni_ros.policy.pi0.modeling import count_parameters
@@ -142,7 +143,12 @@ def run_info(args: argparse.Namespace) -> int:
         "prefix_tokens": getattr(cfg, "prefix_len", None),
         "image_tokens_per_camera": per_camera,
         "precision": choose(args.precision or "auto", int8_kernel=args.int8_kernel or "auto").describe(),
-        "cpu": {"model": cpu.model, "arch": cpu.arch, "gemm_flags": list(cpu.int8_dot + cpu.bf16)},
+        "cpu": {
+            "model": cpu.model,
+            "arch": cpu.arch,
+            "gemm_flags": list(cpu.int8_dot + cpu.bf16),
+            "idle_poll": cpu_idle.status().describe(),
+        },
         "config": cfg.to_dict(),
         "norm_stats": stats,
         "extra": extra,
@@ -170,6 +176,7 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"sampler:      {cfg.num_steps} Euler steps")
     print(f"precision:    {info['precision']} (on the torch backend here; --precision to choose)")
     print(f"cpu:          {cpu.model or cpu.arch}, GEMM instructions: {', '.join(info['cpu']['gemm_flags']) or 'none'}")
+    print(f"idle cores:   polling while inferring {info['cpu']['idle_poll']} (policy.cpu_idle_poll)")
     for part, count in params.items():
         print(f"params {part:>9}: {count:,} ({count / 1e6:.1f}M)")
     return 0

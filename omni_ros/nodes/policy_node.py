@@ -25,6 +25,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
+from omni_ros import cpu_idle
 from omni_ros.config import OmniConfig
 from omni_ros.control.executor import check_rtc_support, rtc_method
 from omni_ros.msg import ActionChunk, PolicyStatus
@@ -131,7 +132,8 @@ class PolicyNode(LifecycleNode):
         self.get_logger().info(
             f"configured: policy {meta.model} on {meta.backend} ({meta.precision or 'fp32'}), "
             f"cameras {list(meta.camera_names)}, joints {joints}, "
-            f"{cfg.robot.control_rate_hz:g} Hz, dry_run={cfg.robot.dry_run}"
+            f"{cfg.robot.control_rate_hz:g} Hz, dry_run={cfg.robot.dry_run}; "
+            f"cpu idle polling while inferring {cpu_idle.status().describe()}"
         )
         return TransitionCallbackReturn.SUCCESS
 

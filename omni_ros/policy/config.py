@@ -77,6 +77,12 @@ class PolicyConfig:
     # (spin), runtime (the OpenMP default: spin ~3 ms); null keeps $OMP_WAIT_POLICY, else passive. See
     # omni_ros/cpu_threads.py and docs/policy.md.
     omp_wait_policy: Literal["passive", "brief", "active", "runtime"] | None = None
+    # While an inference runs on this CPU, keep idle cores polling instead of halting (Linux's CPU latency
+    # request, /dev/cpu_dma_latency held at 0 us): a sleeping worker then wakes in microseconds, not a VM exit or
+    # a C-state's exit, and the denoising steps gain from a second torch thread. auto: where the device is
+    # writable (root, or a udev rule), else without it (said once); on: the same, warning where it cannot;
+    # off: never. omni_ros/cpu_idle.py, docs/policy.md.
+    cpu_idle_poll: Literal["auto", "on", "off"] = "auto"
     # What the GEMMs compute in (omni_ros/policy/precision): auto picks, from the CPU's instructions, the fastest
     # path whose accuracy is verified (bf16 on AMX CPUs, int8 where there is an int8 dot product (VNNI, Arm
     # dotprod), fp32 otherwise); fp32, bf16 (bf16 GEMMs, float32 elsewhere: within 1% of fp32's actions) and int8

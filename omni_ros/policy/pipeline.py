@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
 
+from omni_ros import cpu_idle
 from omni_ros.observation import Observation, ObservationError, ObservationSpec
 from omni_ros.policy.base import BasePolicy, PolicyMetadata
 from omni_ros.policy.rtc import RtcError, RtcPlan, RtcRequest
@@ -160,6 +162,12 @@ class InferencePipeline(BasePolicy, Generic[InputsT]):
             raise ObservationError("noise has non-finite values (NaN/inf)")
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.runner.device)
 
+    def _idle_poll(self) -> AbstractContextManager[None]:
+        """Idle cores kept polling while this process computes the chunk on its CPU (omni_ros/cpu_idle.py); a
+        remote server's or a GPU's chunk leaves them be."""
+        local = getattr(self.runner, "computes_locally", True) and self.runner.device.type == "cpu"
+        return cpu_idle.held() if local else nullcontext()
+
     # -- Policy --------------------------------------------------------------------------------------------------
 
     @property
@@ -195,14 +203,16 @@ class InferencePipeline(BasePolicy, Generic[InputsT]):
             drawn = self._given_noise(noise, len(parsed))
         else:
             drawn = None if self.runner.draws_noise else self.draw_noise(len(parsed))
-        if rtc is None:
-            begin = time.perf_counter()
-            sampled = self.runner.sample(inputs, drawn, self.num_steps)
-        else:
+        plan = None
+        if rtc is not None:
             target = self.processor.rtc_target(rtc, parsed[0])
             plan = RtcPlan(rtc, None if target is None else torch.from_numpy(target)[None].to(self.runner.device))
-            begin = time.perf_counter()
-            sampled = self.runner.sample(inputs, drawn, self.num_steps, rtc=plan)
+        begin = time.perf_counter()
+        with self._idle_poll():
+            if plan is None:  # a runner without RTC is never passed the argument (Runner.rtc_methods)
+                sampled = self.runner.sample(inputs, drawn, self.num_steps)
+            else:
+                sampled = self.runner.sample(inputs, drawn, self.num_steps, rtc=plan)
         end = time.perf_counter()
         timing = {"preprocess_ms": (begin - start) * 1e3}
         timing.update({k: sampled.stage_ms.get(k, 0.0) for k in STAGES})

@@ -156,15 +156,18 @@ class TorchRunner:
         # each of which wakes a sleeping worker under passive waiting. There it runs on one torch thread (a second
         # made a full-size SmolVLA's ten int8 steps 1.25x as long, the edge pi0's 2.2x); where idle workers spin a
         # while (brief, active, the runtime's default) on all of them (0.70x and 0.79x under brief;
-        # bench/results/step_threads_compiled*.json).
+        # bench/results/step_threads_compiled*.json), and where idle cores poll while inferring (omni_ros/
+        # cpu_idle.py: a sleeping worker's wake is then cheap, and the full-size SmolVLA's int8 step took 31 ms on
+        # 2 threads against 39 on one, bench/results/realtime_idle_poll.json).
         self.prefill: CompiledStage | None = None
         self.denoise_step: CompiledStage | None = None
         self.compiled_stages: list[CompiledStage] = []
         self.prompt_length: int | None = None  # compiled: the prompt length every call is padded to
-        passive = cpu_threads.current().wait_policy == "passive"
+        settings = cpu_threads.current()
+        passive = settings.wait_policy == "passive"
         if compile:
             self._compile_stages()
-            self.step_threads = StepThreads((1,)) if passive and threads > 1 else None
+            self.step_threads = StepThreads((1,)) if settings.wakes_are_slow and threads > 1 else None
         # The cameras' images through the vision tower on threads of their own, one torch thread each, where
         # waking sleeping OpenMP workers costs a second torch thread its gain (omni_ros/policy/image_threads.py).
         on_torch = self.device.type == "cpu" and self.applied.cache is None  # no XNNPACK methods in the linears
