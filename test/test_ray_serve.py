@@ -35,6 +35,7 @@ from helpers.listening import listeners
 from omni_ros.backends.remote import RemotePolicy
 from omni_ros.cluster import DIRECT_INGRESS_ENV, LocalCluster, processes_under
 from omni_ros.config import PolicyConfig
+from omni_ros.cpu_idle import LatencyRequest
 from omni_ros.eval.evaluate import evaluate
 from omni_ros.eval.schema import validate
 from omni_ros.eval.synthetic import SyntheticSpec, write_synthetic_bag
@@ -133,9 +134,14 @@ def test_openpi_client_gets_the_single_process_servers_actions_from_both_replica
     assert {k: v for k, v in meta.items() if k not in ("design", "replica")} == local_meta
     # Connections spread over the replicas, and each keeps its replica for life.
     assert len({_replica(c)["id"] for c in clients}) == 2
-    # Each replica process runs the policy's thread settings: policy.num_threads, idle workers asleep.
+    # Each replica process runs the policy's thread settings: policy.num_threads, idle workers asleep, and idle
+    # cores polling while inferring as policy.cpu_idle_poll auto makes them on this machine (a fresh request's
+    # status: the replica opens the same device under the same mode).
     threads = {json.dumps(_replica(c)["threads"], sort_keys=True) for c in clients}
-    assert [json.loads(t) for t in threads] == [{"wait_policy": "passive", "num_threads": 1, "torch_imported": True}]
+    idle_poll = LatencyRequest(mode="auto").status().describe()
+    assert [json.loads(t) for t in threads] == [
+        {"wait_policy": "passive", "num_threads": 1, "torch_imported": True, "cpu_idle_poll": idle_poll}
+    ]
     rng = np.random.default_rng(0)
     for i in range(3):
         obs = droid_obs(rng, prompt=f"task {i}")
