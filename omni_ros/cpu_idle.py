@@ -4,8 +4,10 @@ With torch's passive waiting (omni_ros/cpu_threads.py) an OpenMP worker with not
 core goes idle; the next parallel region, microseconds later, waits for that core to leave its idle state. On a
 virtual machine that is a halted vCPU's exit and re-entry through the hypervisor, on bare metal a C-state's exit
 latency, and a denoising step is hundreds of parallel regions: on the 2-vCPU Intel Xeon (AMX) a compiled
-full-size SmolVLA int8 step ran 48 ms on 2 torch threads against 38 on one, so the product ran its steps on one
-thread and left the second core half idle (bench/results/realtime_idle_poll.json has the chunks both ways).
+full-size SmolVLA's ten int8 steps took 513 ms on 2 torch threads against 404 on one, so the product ran them on
+one thread and left the second core half idle (bench/results/step_threads_compiled_smolvla_idle_poll_off.json).
+With the request below held: 300 against 370 ms, and the chunk 803 ms against 929
+(bench/results/step_threads_compiled_smolvla_idle_poll_on.json).
 
 While a process keeps a request of 0 us open on /dev/cpu_dma_latency, the kernel's cpuidle keeps every idle core
 in its polling state (`POLL`, exit latency 0): a woken thread runs within microseconds. Unlike spinning OpenMP
@@ -13,7 +15,7 @@ workers (`omp_wait_policy: brief`), nothing competes with other processes for a 
 task's, which yields to any runnable thread at once, so the simulator or driver beside the policy keeps its share.
 The request is held only while an inference runs (`held()`, around the runner's `sample`), so between chunks and
 when the robot is idle the cores sleep as before. The device is root's; a robot that runs its nodes as a user
-grants a group write access with a udev rule (docs/policy.md, "CPU idle polling").
+grants a group write access with a udev rule (docs/policy.md, "Idle cores polling while inferring").
 
 `policy.cpu_idle_poll`: auto (hold it where the device can be written, else run without and say so once at info),
 on (the same, but a warning where it cannot), off (never).
@@ -41,7 +43,7 @@ LATENCY_US = 0
 
 @dataclass(frozen=True)
 class IdlePoll:
-    """Whether inference holds the request, and why ("on: /dev/cpu_dma_latency writable")."""
+    """Whether inference holds the request, and why ("off: /dev/cpu_dma_latency missing")."""
 
     active: bool
     reason: str

@@ -157,8 +157,8 @@ class TorchRunner:
         # made a full-size SmolVLA's ten int8 steps 1.25x as long, the edge pi0's 2.2x); where idle workers spin a
         # while (brief, active, the runtime's default) on all of them (0.70x and 0.79x under brief;
         # bench/results/step_threads_compiled*.json), and where idle cores poll while inferring (omni_ros/
-        # cpu_idle.py: a sleeping worker's wake is then cheap, and the full-size SmolVLA's int8 step took 31 ms on
-        # 2 threads against 39 on one, bench/results/realtime_idle_poll.json).
+        # cpu_idle.py: a sleeping worker's wake is then cheap, and the full-size SmolVLA's ten int8 steps took 300
+        # ms on 2 threads against 370 on one, bench/results/step_threads_compiled_smolvla_idle_poll_on.json).
         self.prefill: CompiledStage | None = None
         self.denoise_step: CompiledStage | None = None
         self.compiled_stages: list[CompiledStage] = []
