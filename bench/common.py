@@ -82,7 +82,8 @@ def cpu_facts() -> dict[str, Any]:
     from omni_ros import cpu_threads
 
     facts["omp_wait_policy"] = cpu_threads.current().wait_policy  # how torch's idle workers wait in this run
-    facts["cpu_idle_poll"] = cpu_threads.current().idle_poll  # whether idle cores poll while inferring, and why
+    # Whether idle cores poll while inferring, and why (omni_ros/cpu_idle.py).
+    facts["cpu_idle_poll"] = cpu_threads.current().idle_poll.describe()
     try:  # what `policy.precision: auto` picks on this CPU, and why
         from omni_ros.backends.stage_program import auto_program_refusal
         from omni_ros.cpu_features import detect

@@ -66,21 +66,21 @@ class ThreadSettings:
     wait_policy: str  # passive, brief, active, or runtime
     num_threads: int  # 0: torch's default
     torch_imported: bool
-    idle_poll: str  # whether idle cores poll while inferring, and why (omni_ros/cpu_idle.py)
+    idle_poll: cpu_idle.IdlePoll  # whether idle cores poll while inferring, and why
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "wait_policy": self.wait_policy,
             "num_threads": self.num_threads,
             "torch_imported": self.torch_imported,
-            "cpu_idle_poll": self.idle_poll,
+            "cpu_idle_poll": self.idle_poll.describe(),
         }
 
     @property
     def wakes_are_slow(self) -> bool:
         """Whether waking an idle torch worker costs a core's exit from its idle state: passive waiting without
         idle polling. Then a loop of small parallel regions (a compiled denoising step) is better on one thread."""
-        return self.wait_policy == "passive" and not self.idle_poll.startswith("on")
+        return self.wait_policy == "passive" and not self.idle_poll.active
 
 
 def torch_imported() -> bool:
@@ -137,7 +137,7 @@ def current() -> ThreadSettings:
             threads = int(os.environ.get(NUM_THREADS_ENV, "0"))
         except ValueError:
             threads = 0
-    return ThreadSettings(wait, threads, torch_imported(), cpu_idle.status().describe())
+    return ThreadSettings(wait, threads, torch_imported(), cpu_idle.status())
 
 
 def configure(

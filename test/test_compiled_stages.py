@@ -13,6 +13,7 @@ import pytest
 from test_reference_checkpoints import REFERENCE, observation, tensors
 
 import omni_ros.policy
+from omni_ros.cpu_idle import IdlePoll
 from omni_ros.policy.compiled_stages import CompiledStage, CompileError, cxx_compiler
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -144,7 +145,9 @@ def test_another_thread_count_after_sealing_runs_eager():
         assert torch.equal(compiled(torch.arange(5.0)), torch.arange(5.0) * 2 + 1) and len(eager_calls) == 2
 
 
-@pytest.mark.parametrize("idle_poll", ["off: policy.cpu_idle_poll off", "on: /dev/cpu_dma_latency held"])
+@pytest.mark.parametrize(
+    "idle_poll", [IdlePoll(False, "policy.cpu_idle_poll off"), IdlePoll(True, "/dev/cpu_dma_latency held")], ids=str
+)
 def test_the_compiled_steps_threads_follow_the_cost_of_a_wake(monkeypatch, idle_poll):
     """A compiled graph keeps its thread count, so the runner sets the step's instead of timing it: one torch
     thread where waking an idle OpenMP worker is slow (passive waiting, cores halting: each of the step's parallel
@@ -155,7 +158,7 @@ def test_the_compiled_steps_threads_follow_the_cost_of_a_wake(monkeypatch, idle_
 
     monkeypatch.setattr(cpu_threads, "current", lambda: ThreadSettings("passive", 2, True, idle_poll))
     data, obs = tensors("pi0_3cam", "all_cameras"), observation("pi0_3cam", "all_cameras")
-    slow_wakes = idle_poll.startswith("off")
+    slow_wakes = not idle_poll.active
     with torch_threads(2):
         policy = _load("pi0_3cam", "int8", compile=True)
         chooser = policy.runner.step_threads

@@ -17,7 +17,7 @@ from test_reference_checkpoints import REFERENCE, observation
 import omni_ros.policy
 from omni_ros import cpu_idle, cpu_threads
 from omni_ros.config import ConfigError, load_config
-from omni_ros.cpu_idle import LatencyRequest
+from omni_ros.cpu_idle import IdlePoll, LatencyRequest
 
 KERNEL_DEVICE = Path("/dev/cpu_dma_latency")
 
@@ -69,7 +69,7 @@ def test_threads_share_the_one_request_until_the_last_leaves(tmp_path):
 def test_off_never_opens_the_device(tmp_path):
     device = _device(tmp_path)
     request = LatencyRequest(device, mode="off")
-    assert request.status() == cpu_idle.IdlePoll(False, "policy.cpu_idle_poll off")
+    assert request.status() == IdlePoll(False, "policy.cpu_idle_poll off")
     with request.held():
         assert not request.holding
     assert device.read_bytes() == b""
@@ -106,7 +106,7 @@ def test_a_device_that_cannot_be_opened_is_given_up_with_the_reason(tmp_path, ca
 
 def test_modes_are_checked_and_reach_the_thread_settings(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_idle, "REQUEST", LatencyRequest(_device(tmp_path)))
-    assert cpu_threads.configure(idle_poll="auto").idle_poll.startswith("on: ")
+    assert cpu_threads.configure(idle_poll="auto").idle_poll.describe().startswith("on: ")
     assert cpu_threads.configure(idle_poll="off").to_dict()["cpu_idle_poll"] == "off: policy.cpu_idle_poll off"
     with pytest.raises(ValueError, match="cpu_idle_poll must be one of auto, on, off, got 'sometimes'"):
         cpu_threads.configure(idle_poll="sometimes")
@@ -119,12 +119,13 @@ def test_modes_are_checked_and_reach_the_thread_settings(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     ("wait_policy", "idle_poll", "slow"),
     [
-        ("passive", "off: policy.cpu_idle_poll off", True),
-        ("passive", "off: /dev/cpu_dma_latency missing", True),
-        ("passive", "on: /dev/cpu_dma_latency held at 0 us", False),
-        ("brief", "off: policy.cpu_idle_poll off", False),  # the workers spin through a burst of regions
-        ("runtime", "off: policy.cpu_idle_poll off", False),
+        ("passive", IdlePoll(False, "policy.cpu_idle_poll off"), True),
+        ("passive", IdlePoll(False, "/dev/cpu_dma_latency missing"), True),
+        ("passive", IdlePoll(True, "/dev/cpu_dma_latency held at 0 us"), False),
+        ("brief", IdlePoll(False, "policy.cpu_idle_poll off"), False),  # the workers spin through a burst of regions
+        ("runtime", IdlePoll(False, "policy.cpu_idle_poll off"), False),
     ],
+    ids=str,
 )
 def test_wakes_are_slow_only_where_workers_sleep_at_once_and_cores_halt(wait_policy, idle_poll, slow):
     assert cpu_threads.ThreadSettings(wait_policy, 2, True, idle_poll).wakes_are_slow is slow

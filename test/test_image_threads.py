@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from omni_ros import cpu_threads
+from omni_ros.cpu_idle import IdlePoll
 from omni_ros.policy.image_threads import ImageThreads, use_image_threads
 from omni_ros.policy.pi0.modeling import Pi0Model
 from omni_ros.policy.pi0.presets import preset
@@ -99,7 +100,7 @@ def test_the_runner_splits_the_cameras_only_under_passive_waiting_on_the_cpu(mon
     fp32 = PrecisionChoice("fp32", "test")
 
     def runner(wait_policy: str) -> TorchRunner:
-        settings = cpu_threads.ThreadSettings(wait_policy, 2, True, "off: policy.cpu_idle_poll off")
+        settings = cpu_threads.ThreadSettings(wait_policy, 2, True, IdlePoll(False, "policy.cpu_idle_poll off"))
         monkeypatch.setattr(cpu_threads, "current", lambda: settings)
         return TorchRunner(Pi0Model(cfg), precision=fp32)
 
