@@ -7,7 +7,7 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
         [--int8-kernel auto|onednn|xnnpack|program ...] [--offline-rtc-method guided|inpaint]
         [--live-int8-kernels xnnpack program] [--live-serve] [--live-idle-poll on off]
         [--live-resume off on] [--live-rtc-method inpaint] [--live-program-processes child inline]
-        [--skip-live]
+        [--offline-beside-sim] [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
 
 Without `--checkpoint`, the full-size SmolVLA of bench/smolvla.py (LeRobot 0.6.1's default config over
@@ -19,6 +19,10 @@ Offline, each contender in a fresh process, one after the other: `chunk_ms` (obs
 chunk is computed faster than the previous one is executed, the least a robot needs not to stop between chunks.
 `--compiled P ...` adds rows with `policy.compile` on (the vision tower, prefill and denoising step compiled by
 TorchInductor; `first_chunk_s` includes the compilation), keyed `{precision}_compiled_{threads}_threads`.
+`--offline-beside-sim` times each row a second time, in another fresh process, with the MuJoCo SO-101 node
+(config/sim_so101.yaml) running beside it once it renders (`beside_sim`: the chunk, its stages, the simulator's
+cores, `chunk_over_alone`): of what the live chunk costs over the offline one, the simulator's share, the rest
+being the policy node's own loop and inputs.
 
 Live (`--live-seconds`, 0 or --skip-live to skip): `omni-ros node sim` (the SO-101 in MuJoCo, config/sim_so101.yaml)
 and `omni-ros node policy` on the checkpoint, one process each, sharing this machine's cores, threads as
@@ -75,6 +79,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +180,38 @@ def run_worker(
     if proc.returncode != 0:
         raise RuntimeError(f"worker {precision} x {threads} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def beside_sim(row: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`row()` timed with the MuJoCo SO-101 node (config/sim_so101.yaml, its own process) running beside it, once
+    it renders: the share of the live run's chunk time the simulator alone costs, without the policy node's loop.
+    Returns the row with `sim_cores_busy` (the simulator's CPU seconds over the row's wall seconds)."""
+    from rclpy.executors import SingleThreadedExecutor
+    from sensor_msgs.msg import Image
+
+    cmd = [sys.executable, "-m", "omni_ros.cli", "node", "sim", "--config", str(SIM_CONFIG)]
+    with tempfile.TemporaryFile("w+") as out:
+        sim = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        context, node, _, _ = ros_listener("bench_realtime_sim_probe")
+        frames: list[object] = []
+        node.create_subscription(Image, "/camera/base/image_raw", frames.append, 10)
+        spinner = SingleThreadedExecutor(context=context)
+        spinner.add_node(node)
+        try:
+            deadline = time.monotonic() + 120.0
+            while not frames and time.monotonic() < deadline and sim.poll() is None:
+                spinner.spin_once(timeout_sec=0.1)
+            if not frames:
+                out.seek(0)
+                why = "in 120 s" if sim.poll() is None else f"before it exited (code {sim.returncode})"
+                raise RuntimeError(f"the simulator published no camera frame {why}:\n{out.read()[-3000:]}")
+            spinner.remove_node(node)  # not listening while the row runs: only the simulator beside it
+            before, start = cpu_seconds(sim.pid), time.monotonic()
+            result = row()
+            result["sim_cores_busy"] = round((cpu_seconds(sim.pid) - before) / (time.monotonic() - start), 2)
+        finally:
+            stop(spinner, node, context, [sim])
+    return result
 
 
 def starvation(chunks: list[tuple[float, float, float]], resume: bool = True) -> dict[str, Any]:
@@ -546,6 +584,12 @@ def main() -> int:
         help="one live run per policy.cpu_idle_poll value (live_by_idle_poll): idle cores kept polling while the "
         "policy infers (/dev/cpu_dma_latency), or sleeping",
     )
+    parser.add_argument(
+        "--offline-beside-sim",
+        action="store_true",
+        help="time each offline row again with the MuJoCo SO-101 node running beside it (its own process, "
+        "config/sim_so101.yaml): `beside_sim` in the row, what the live run's simulator alone costs the policy",
+    )
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--lerobot-python", default=str(Path(os.environ.get("LEROBOT_VENV", "/work/venv-lerobot"))
@@ -576,6 +620,11 @@ def main() -> int:
             named = f" ({kernel})" if precision == "int8" else ""
             log(f"{precision}{' compiled' if compiled else ''}{named} at {threads} thread(s) ...")
             row = run_worker(args, precision, threads, compiled, kernel)
+            if args.offline_beside_sim:
+                log("  again, the simulator node running beside it ...")
+                near = beside_sim(partial(run_worker, args, precision, threads, compiled, kernel))
+                row["beside_sim"] = {k: near[k] for k in ("chunk_ms", "stages_ms", "sim_cores_busy")}
+                row["beside_sim"]["chunk_over_alone"] = round(near["chunk_ms"] / row["chunk_ms"], 3)
             execution_ms = 1e3 * row["n_action_steps"] / args.fps
             row["execution_ms"] = round(execution_ms, 1)
             row["chunk_over_execution"] = round(row["chunk_ms"] / execution_ms, 3)
@@ -583,6 +632,8 @@ def main() -> int:
             named = f"_{kernel}" if precision == "int8" and len(kernels) > 1 else ""
             report["offline"][f"{precision}{named}{'_compiled' if compiled else ''}_{threads}_threads"] = row
             log(f"  {row['chunk_ms']:.0f} ms per chunk vs {execution_ms:.0f} ms of motion ({row['precision']})")
+            if "beside_sim" in row:
+                log(f"  {row['beside_sim']['chunk_ms']:.0f} ms with the simulator beside it")
     if not args.skip_live and args.live_seconds > 0:
         # One live run per variant asked for (the first is `live`), else one with the product's defaults.
         variants = [("wait_policy", p) for p in args.live_wait_policies or []]

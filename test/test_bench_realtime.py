@@ -67,3 +67,44 @@ def test_commanded_still_time_sums_the_intervals_between_repeated_commands():
     # 0.02 -> 0.04 -> 0.06 repeat (0.04 s), 0.08 -> 0.1 repeats (0.02 s); a move in between is not still.
     assert realtime.commanded_still(positions) == pytest.approx(0.06)
     assert realtime.commanded_still([]) == 0.0
+
+
+def test_a_row_beside_the_simulator_starts_once_it_renders_and_counts_only_the_simulators_cores():
+    # The real SO-101 node in its own process; the "row" only waits, so the cores counted are the simulator's
+    # (two cameras rendered at 30 Hz, joint states at 50 Hz: a few percent of a core at least, never both cores).
+    import time
+
+    from rclpy.executors import SingleThreadedExecutor
+    from sensor_msgs.msg import Image
+
+    frames: list[object] = []
+
+    def row() -> dict[str, float]:
+        # While the row runs the simulator publishes: a listener of our own sees its frames.
+        context, node, _, _ = realtime.ros_listener("test_beside_sim_row")
+        node.create_subscription(Image, "/camera/wrist/image_raw", frames.append, 10)
+        spinner = SingleThreadedExecutor(context=context)
+        spinner.add_node(node)
+        end = time.monotonic() + 3.0
+        try:
+            while time.monotonic() < end:
+                spinner.spin_once(timeout_sec=0.05)
+        finally:
+            realtime.stop(spinner, node, context, [])
+        return {"chunk_ms": 12.5}
+
+    result = realtime.beside_sim(row)
+    assert result["chunk_ms"] == 12.5  # the row's own result, kept
+    assert len(frames) >= 10, "the simulator was not rendering while the row ran"
+    assert 0.02 <= result["sim_cores_busy"] <= 1.5
+
+
+def test_a_simulator_that_cannot_start_is_an_error_with_its_output(monkeypatch, tmp_path):
+    broken = tmp_path / "sim.yaml"
+    broken.write_text("sim:\n  engine: no_such_engine\n")
+    monkeypatch.setattr(realtime, "SIM_CONFIG", broken)
+    ran: list[bool] = []
+    with pytest.raises(RuntimeError, match="published no camera frame before it exited") as err:
+        realtime.beside_sim(lambda: ran.append(True) or {})
+    assert "no_such_engine" in str(err.value)  # the simulator's own words, not only ours
+    assert not ran
