@@ -25,7 +25,9 @@ No attention, norms or glue: `inference_gemm_ms` (one inference's GEMMs: vision 
 denoising step num_steps times) is a floor under that kernel's whole chunk, and `flop_weighted_speedup` (over
 `eager_packed`) the most that kernel can gain the whole policy, so they bound what bench/vs_lerobot.py,
 bench/smolvla.py and bench/backends.py can show end to end on the same machine. The kernels run in turn,
-round after round, so a slow spell of a shared machine lands on all of them. `--preset` is a pi0 preset,
+round after round, so a slow spell of a shared machine lands on all of them, each timed with idle cores
+polling as the product infers (`policy.cpu_idle_poll` auto: held where /dev/cpu_dma_latency is writable; the
+JSON's `machine.cpu_idle_poll` says; results without that key timed cores that halt). `--preset` is a pi0 preset,
 `pi0_edge` (bench/vs_lerobot.py's size) or `smolvla` (LeRobot's default SmolVLA over SmolVLM2-500M, 2 cameras
 at 512 px); `smolvla_attention` times the products inside that SmolVLA's vision attention (q k^T and p v per
 head, keys and values standing as weights) at every kernel: what attention would cost at each GEMM rate;
@@ -44,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from common import cpu_facts, emit, median_ms
+
+from omni_ros import cpu_idle
 
 EAGER = ("eager_dense", "eager_packed", "eager_int8", "eager_bf16", "eager_int8_onednn", "eager_int_mm")
 PTE = {"xnnpack_fp32": "none", "xnnpack_int8": "int8-dynamic"}
@@ -195,7 +199,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             with warnings.catch_warnings():  # torch.ao.quantization's deprecation notice
                 warnings.simplefilter("ignore")
                 model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-        with torch.inference_mode():
+        # Idle cores polling while timed, as while the product infers (policy.cpu_idle_poll auto; the pipeline
+        # holds it around each chunk): with cores that halt, every parallel region waits for a vCPU to wake, and
+        # the "floor" would be slower than a whole chunk.
+        with torch.inference_mode(), cpu_idle.held():
             out = {"ms": median_ms(lambda: model(*xs), args.runs)}
         return {**out, "emulated": True} if emulated else out
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
@@ -203,7 +210,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     _unsafe_reset_threadpool(args.threads)
     method = Runtime.get().load_program(Path(args.pte)).load_method("forward")
-    return {"ms": median_ms(lambda: method.execute(list(xs)), args.runs)}
+    with cpu_idle.held():
+        return {"ms": median_ms(lambda: method.execute(list(xs)), args.runs)}
 
 
 def run_worker(args: argparse.Namespace, stage: str, kernel: str, pte: Path | None = None) -> dict[str, Any]:
