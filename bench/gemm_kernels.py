@@ -31,7 +31,10 @@ JSON's `machine.cpu_idle_poll` says; results without that key timed cores that h
 `pi0_edge` (bench/vs_lerobot.py's size) or `smolvla` (LeRobot's default SmolVLA over SmolVLM2-500M, 2 cameras
 at 512 px); `smolvla_attention` times the products inside that SmolVLA's vision attention (q k^T and p v per
 head, keys and values standing as weights) at every kernel: what attention would cost at each GEMM rate;
-`pi0_edge_attention` the same for the edge pi0 (vision, prefix and denoising-step attention).
+`pi0_edge_attention` the same for the edge pi0 (vision, prefix and denoising-step attention). `--image-threads`
+times the vision stage's eager kernels as the product runs a tower over several cameras under passive waiting: the
+rows split over the threads, each part on one torch thread (omni_ros/policy/image_threads.py); without it the
+stage's rows share every thread in each product.
 """
 
 from __future__ import annotations
@@ -151,6 +154,18 @@ def build(shapes: list[tuple[int, int]]):
     return Linears().eval()
 
 
+def on_image_threads(model: Any, threads: int) -> Any:
+    """`model` called on `threads` parts of its rows at once, each part on one torch thread: the product's
+    ImageThreads (omni_ros/policy/image_threads.py), as it runs a vision tower over several cameras."""
+    import torch
+
+    from omni_ros.policy.image_threads import ImageThreads
+
+    # ImageThreads joins the parts' outputs with one cat: one element of each product stands for its output (the
+    # products are what is timed, not a copy of them).
+    return ImageThreads(lambda *xs: torch.stack([y[0, 0] for y in model(*xs)])[None], threads)
+
+
 def export(stage: dict[str, Any], quantize: str, out: Path) -> None:
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -202,8 +217,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         # Idle cores polling while timed, as while the product infers (policy.cpu_idle_poll auto; the pipeline
         # holds it around each chunk): with cores that halt, every parallel region waits for a vCPU to wake, and
         # the "floor" would be slower than a whole chunk.
+        call = model
+        if args.image_threads and args.stage == "vision" and args.threads > 1:
+            call = on_image_threads(model, args.threads)
         with torch.inference_mode(), cpu_idle.held():
-            out = {"ms": median_ms(lambda: model(*xs), args.runs)}
+            out = {"ms": median_ms(lambda: call(*xs), args.runs)}
         return {**out, "emulated": True} if emulated else out
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
     from executorch.runtime import Runtime
@@ -217,6 +235,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 def run_worker(args: argparse.Namespace, stage: str, kernel: str, pte: Path | None = None) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--preset", args.preset, "--stage", stage, "--kernel", kernel]
     cmd += ["--threads", str(args.threads), "--runs", str(args.runs)] + (["--pte", str(pte)] if pte else [])
+    cmd += ["--image-threads"] if getattr(args, "image_threads", False) else []
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"worker {stage} {pte} failed:\n{proc.stderr[-3000:]}")
@@ -300,6 +319,12 @@ def main() -> int:
         "--rounds", type=int, default=3, help="kernels timed in turn this many times; the median round is kept"
     )
     parser.add_argument("--no-export", action="store_true", help="eager kernels only (no XNNPACK rows)")
+    parser.add_argument(
+        "--image-threads",
+        action="store_true",
+        help="the vision stage's rows split over the threads, each part on one torch thread, as the product runs "
+        "a vision tower over several cameras (omni_ros/policy/image_threads.py); the eager kernels only",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--out", help="also write the JSON here")
@@ -321,6 +346,7 @@ def main() -> int:
         "runs": args.runs,
         "rounds": args.rounds,
         "baseline": BASELINE,
+        "image_threads": args.image_threads,
         "machine": cpu_facts(),
         "stages": {},
     }

@@ -7,7 +7,7 @@ precision and thread count, and the live ROS 2 loop on the MuJoCo SO-101 with th
         [--int8-kernel auto|onednn|xnnpack|program ...] [--offline-rtc-method guided|inpaint]
         [--live-int8-kernels xnnpack program] [--live-serve] [--live-idle-poll on off]
         [--live-resume off on] [--live-rtc-method inpaint] [--live-program-processes child inline]
-        [--offline-beside-sim] [--skip-live]
+        [--offline-beside-sim] [--gemm-floor smolvla] [--skip-live]
         [--lerobot-python /work/venv-lerobot/bin/python] [--work-dir DIR] [--out bench/results/realtime.json]
 
 Without `--checkpoint`, the full-size SmolVLA of bench/smolvla.py (LeRobot 0.6.1's default config over
@@ -22,7 +22,10 @@ TorchInductor; `first_chunk_s` includes the compilation), keyed `{precision}_com
 `--offline-beside-sim` times each row a second time, in another fresh process, with the MuJoCo SO-101 node
 (config/sim_so101.yaml) running beside it once it renders (`beside_sim`: the chunk, its stages, the simulator's
 cores, `chunk_over_alone`): of what the live chunk costs over the offline one, the simulator's share, the rest
-being the policy node's own loop and inputs.
+being the policy node's own loop and inputs. `--gemm-floor PRESET` times, after each row and in the same run, the
+row's linears alone with its kernel at that bench/gemm_kernels.py preset's shapes (`smolvla` for the default
+checkpoint), the vision stage on image threads as the product runs it (`gemm_floor`: the stages, one inference's
+GEMMs, `chunk_over_floor`, `within_target` for 1.3x); an XNNPACK row is left out (its GEMMs need an export).
 
 Live (`--live-seconds`, 0 or --skip-live to skip): `omni-ros node sim` (the SO-101 in MuJoCo, config/sim_so101.yaml)
 and `omni-ros node policy` on the checkpoint, one process each, sharing this machine's cores, threads as
@@ -212,6 +215,41 @@ def beside_sim(row: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         finally:
             stop(spinner, node, context, [sim])
     return result
+
+
+# A row's precision as the policy reports it (up to the colon) -> the bench/gemm_kernels.py kernel its linears run.
+FLOOR_KERNELS = {"fp32": "eager_packed", "bf16": "eager_bf16", "int8 (onednn)": "eager_int8_onednn"}
+FLOOR_TARGET = 1.3  # the issue's bound on a chunk over its kernel's GEMM floor
+
+
+def gemm_floor(args: argparse.Namespace, row: dict[str, Any], threads: int) -> dict[str, Any]:
+    """The row's linears alone, timed now at `--gemm-floor`'s shapes with the kernel the row ran
+    (bench/gemm_kernels.py's worker, a fresh process per stage, idle cores polling as the product infers, the vision
+    stage on image threads as the product runs it): one inference's GEMMs, a floor under the chunk."""
+    import gemm_kernels
+
+    chosen = str(row["precision"]).split(":")[0].strip()
+    kernel = FLOOR_KERNELS.get(chosen)
+    if kernel is None:
+        return {"skipped": f"{chosen}: XNNPACK's GEMMs need an export (bench/gemm_kernels.py times them)"}
+    shapes, steps = gemm_kernels.stage_shapes(args.gemm_floor)
+    worker_args = argparse.Namespace(preset=args.gemm_floor, threads=threads, runs=args.runs, image_threads=True)
+    results = {name: gemm_kernels.run_worker(worker_args, name, kernel) for name in shapes}
+    if any(r["ms"] is None for r in results.values()):
+        return {"skipped": f"{kernel}: {next(r.get('why') for r in results.values() if r['ms'] is None)}"}
+    stages = {name: round(r["ms"], 1) for name, r in results.items()}
+    floor = sum(ms * (steps if name == "denoise_step" else 1) for name, ms in stages.items())
+    return {
+        "preset": args.gemm_floor,
+        "kernel": kernel,
+        "emulated": any(r.get("emulated") for r in results.values()),
+        "image_threads": threads > 1,
+        "stages_ms": stages,
+        "steps": steps,
+        "inference_gemm_ms": round(floor, 1),
+        "chunk_over_floor": round(row["chunk_ms"] / floor, 3),
+        "within_target": row["chunk_ms"] <= FLOOR_TARGET * floor,
+    }
 
 
 def starvation(chunks: list[tuple[float, float, float]], resume: bool = True) -> dict[str, Any]:
@@ -590,6 +628,12 @@ def main() -> int:
         help="time each offline row again with the MuJoCo SO-101 node running beside it (its own process, "
         "config/sim_so101.yaml): `beside_sim` in the row, what the live run's simulator alone costs the policy",
     )
+    parser.add_argument(
+        "--gemm-floor",
+        metavar="PRESET",
+        help="after each offline row, its linears alone at this bench/gemm_kernels.py preset's shapes (smolvla: the "
+        "default checkpoint's) with the row's kernel, in the same run: `gemm_floor` in the row, the chunk over it",
+    )
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--lerobot-python", default=str(Path(os.environ.get("LEROBOT_VENV", "/work/venv-lerobot"))
@@ -625,6 +669,9 @@ def main() -> int:
                 near = beside_sim(partial(run_worker, args, precision, threads, compiled, kernel))
                 row["beside_sim"] = {k: near[k] for k in ("chunk_ms", "stages_ms", "sim_cores_busy")}
                 row["beside_sim"]["chunk_over_alone"] = round(near["chunk_ms"] / row["chunk_ms"], 3)
+            if args.gemm_floor:
+                log(f"  its GEMMs alone ({args.gemm_floor} shapes) ...")
+                row["gemm_floor"] = gemm_floor(args, row, threads)
             execution_ms = 1e3 * row["n_action_steps"] / args.fps
             row["execution_ms"] = round(execution_ms, 1)
             row["chunk_over_execution"] = round(row["chunk_ms"] / execution_ms, 3)

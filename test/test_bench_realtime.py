@@ -108,3 +108,39 @@ def test_a_simulator_that_cannot_start_is_an_error_with_its_output(monkeypatch, 
         realtime.beside_sim(lambda: ran.append(True) or {})
     assert "no_such_engine" in str(err.value)  # the simulator's own words, not only ours
     assert not ran
+
+
+def test_the_gemm_floor_counts_each_stage_as_often_as_an_inference_runs_it():
+    # The real gemm_kernels workers (a fresh process per stage) at the tiny pi0 preset's shapes, float32 packed.
+    import argparse
+
+    gemm_kernels = pytest.importorskip("gemm_kernels")
+    args = argparse.Namespace(gemm_floor="tiny", runs=1)
+    row = {"precision": "fp32: policy.precision fp32", "chunk_ms": 40.0}
+    floor = realtime.gemm_floor(args, row, threads=2)
+    shapes, steps = gemm_kernels.stage_shapes("tiny")
+    assert set(floor["stages_ms"]) == set(shapes) and floor["steps"] == steps > 1
+    stages = floor["stages_ms"]
+    expected = stages["vision"] + stages["prefill"] + steps * stages["denoise_step"]
+    assert floor["inference_gemm_ms"] == pytest.approx(expected, abs=0.1)
+    assert floor["chunk_over_floor"] == pytest.approx(40.0 / floor["inference_gemm_ms"], rel=1e-2)
+    assert floor["kernel"] == "eager_packed" and floor["image_threads"]
+    # An XNNPACK row has no eager kernel to time: said, not guessed.
+    skipped = realtime.gemm_floor(args, {"precision": "int8 (program): auto", "chunk_ms": 1.0}, threads=2)
+    assert "XNNPACK" in skipped["skipped"]
+
+
+def test_gemm_kernels_on_image_threads_computes_every_part_of_the_rows():
+    import torch
+
+    gemm_kernels = pytest.importorskip("gemm_kernels")
+    model = gemm_kernels.build([(8, 4), (8, 6), (4, 3)])
+    xs = model.example(10)
+    split = gemm_kernels.on_image_threads(model, 2)
+    with torch.inference_mode():
+        out = split(*xs)
+        # One row per part, one element per product: the first row of each half through every linear.
+        halves = [model(*(x[i : i + 5] for x in xs)) for i in (0, 5)]
+    expected = torch.stack([torch.stack([y[0, 0] for y in half]) for half in halves])
+    assert out.shape == (2, 3)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
