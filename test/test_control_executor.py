@@ -564,6 +564,8 @@ def test_a_plan_that_runs_out_before_the_next_chunk_is_counted_and_explained():
     why = executor.keeping_up()
     assert "ran out 1 time(s)" in why
     assert "0.80 s after their observation" in why and "half a chunk's motion (0.50 s)" in why
+    # What can be done, neighbours on the cores included (each costs the policy more than its share of the CPU).
+    assert "faster policy.precision" in why and "fewer busy processes on the policy's cores" in why
 
 
 def test_chunks_within_the_plan_leave_nothing_to_explain():

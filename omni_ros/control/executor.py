@@ -592,8 +592,8 @@ class ActionChunkExecutor:
             held = self.stats.extra.get("held_s", 0.0)
             advice = (
                 f"chunks arrive {latency:.2f} s after their observation; the robot keeps moving only if that is at "
-                f"most half a chunk's motion ({half:.2f} s): a faster policy.precision, fewer cameras or a faster "
-                "computer"
+                f"most half a chunk's motion ({half:.2f} s): a faster policy.precision, fewer cameras, fewer busy "
+                "processes on the policy's cores or a faster computer"
                 if latency > half
                 else f"chunks arrive {latency:.2f} s after their observation, within half a chunk's motion "
                 f"({half:.2f} s)"
