@@ -217,21 +217,17 @@ def beside_sim(row: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-# A row's precision as the policy reports it (up to the colon) -> the bench/gemm_kernels.py kernel its linears run.
-FLOOR_KERNELS = {"fp32": "eager_packed", "bf16": "eager_bf16", "int8 (onednn)": "eager_int8_onednn"}
-FLOOR_TARGET = 1.3  # the issue's bound on a chunk over its kernel's GEMM floor
-
-
 def gemm_floor(args: argparse.Namespace, row: dict[str, Any], threads: int) -> dict[str, Any]:
     """The row's linears alone, timed now at `--gemm-floor`'s shapes with the kernel the row ran
     (bench/gemm_kernels.py's worker, a fresh process per stage, idle cores polling as the product infers, the vision
     stage on image threads as the product runs it): one inference's GEMMs, a floor under the chunk."""
     import gemm_kernels
+    from int8_budget import FLOOR_TARGET, PRECISION_KERNELS
 
-    chosen = str(row["precision"]).split(":")[0].strip()
-    kernel = FLOOR_KERNELS.get(chosen)
-    if kernel is None:
+    chosen = str(row["precision"]).split(":")[0].strip()  # "int8 (onednn)", "bf16", ...
+    if "(xnnpack)" in chosen or "(program)" in chosen:
         return {"skipped": f"{chosen}: XNNPACK's GEMMs need an export (bench/gemm_kernels.py times them)"}
+    kernel = PRECISION_KERNELS[chosen.split()[0]]  # int8_budget's precision -> kernel (int8: oneDNN's)
     shapes, steps = gemm_kernels.stage_shapes(args.gemm_floor)
     worker_args = argparse.Namespace(preset=args.gemm_floor, threads=threads, runs=args.runs, image_threads=True)
     results = {name: gemm_kernels.run_worker(worker_args, name, kernel) for name in shapes}

@@ -89,6 +89,10 @@ class Runner(Protocol[InputsT_contra]):
     # otherwise the pipeline draws it.
     draws_noise: bool
 
+    # Optional, read with a default of True: False where another machine computes the chunk (a remote server),
+    # so this CPU's idle cores need not poll while it waits (`_idle_poll`).
+    # computes_locally: bool
+
     @property
     def rtc_methods(self) -> tuple[str, ...]:
         """Real-time chunking methods `sample(..., rtc=)` serves ("guided", "inpaint"); () or absent: none (then
