@@ -84,7 +84,9 @@ def test_sim_policy_listener_over_dds(stack, ros_context):
     deadline = time.monotonic() + 90
     # Joint states too: best effort, and on a loaded machine this listener could match the sim's writer after the
     # policy's (seen: 5 chunks and 50 commands in, no joint state yet).
-    while time.monotonic() < deadline and (len(chunks) < 5 or len(commands) < 50 or len(states) < 2):
+    # And a "running" status: it comes at status.rate_hz, so chunks and commands can be in before the first one.
+    running = lambda: any(s.state_name == "running" for s in statuses)  # noqa: E731
+    while time.monotonic() < deadline and (len(chunks) < 5 or len(commands) < 50 or len(states) < 2 or not running()):
         executor.spin_once(timeout_sec=0.1)
         for p in stack:
             assert p.poll() is None, p.stdout.read()
@@ -103,7 +105,7 @@ def test_sim_policy_listener_over_dds(stack, ros_context):
     ids = [m.chunk_id for m, _ in chunks]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert all(list(c.joint_names) == ["joint_1", "joint_2", "joint_3"] for c in commands)
-    assert any(s.state_name == "running" for s in statuses)
+    assert any(s.state_name == "running" for s in statuses), [s.state_name for s in statuses]
 
     # The sim follows the commands: its joints move towards the commanded positions.
     first = list(states[0].position)
