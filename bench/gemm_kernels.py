@@ -35,6 +35,12 @@ head, keys and values standing as weights) at every kernel: what attention would
 times the vision stage's eager kernels as the product runs a tower over several cameras under passive waiting: the
 rows split over the threads, each part on one torch thread (omni_ros/policy/image_threads.py); without it the
 stage's rows share every thread in each product.
+
+Each stage also gets `weight_read_ms`: the time to read its weights once at this machine's memory rate, per
+weight width (4 bytes fp32, 2 bf16, 1 int8), timed as a sum over a buffer of that many bytes on the same threads
+and in the same rounds as the kernels. A product of few rows (a denoising step: the chunk's 50 actions) cannot
+take less than that, however fast its arithmetic; `{kernel}_over_weight_read` says how far each kernel is from
+it, and `inference_weight_read_ms` adds it up over one inference like `inference_gemm_ms`.
 """
 
 from __future__ import annotations
@@ -55,6 +61,12 @@ from omni_ros import cpu_idle
 EAGER = ("eager_dense", "eager_packed", "eager_int8", "eager_bf16", "eager_int8_onednn", "eager_int_mm")
 PTE = {"xnnpack_fp32": "none", "xnnpack_int8": "int8-dynamic"}
 BASELINE = "eager_packed"  # what the node and the server run
+# The bytes a kernel reads per weight.
+WEIGHT_BYTES = {
+    "eager_dense": 4, "eager_packed": 4, "eager_int8": 1, "eager_bf16": 2, "eager_int8_onednn": 1,
+    "eager_int_mm": 1, "xnnpack_fp32": 4, "xnnpack_int8": 1,
+}  # fmt: skip
+READ = "weight_read"  # the worker kind that times reading a stage's weights (`--bytes` of them)
 
 
 def smolvla_stage_shapes() -> tuple[dict[str, dict[str, Any]], int]:
@@ -181,10 +193,22 @@ def export(stage: dict[str, Any], quantize: str, out: Path) -> None:
     out.write_bytes(edge.to_executorch().buffer)
 
 
+def read_ms(nbytes: int, runs: int) -> float:
+    """One read of `nbytes` of memory (a float32 sum over a buffer that size, on torch's threads): a resident
+    buffer, read again and again as a stage's weights are, call after call."""
+    import torch
+
+    buffer = torch.ones(max(nbytes // 4, 1))
+    with torch.inference_mode(), cpu_idle.held():
+        return median_ms(lambda: buffer.sum(), runs)
+
+
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.kernel == READ:
+        return {"ms": read_ms(args.bytes, args.runs)}
     stage = stage_shapes(args.preset)[0][args.stage]
     model = build(stage["linears"])
     xs = model.example(stage["rows"])
@@ -232,8 +256,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         return {"ms": median_ms(lambda: method.execute(list(xs)), args.runs)}
 
 
-def run_worker(args: argparse.Namespace, stage: str, kernel: str, pte: Path | None = None) -> dict[str, Any]:
+def run_worker(
+    args: argparse.Namespace, stage: str, kernel: str, pte: Path | None = None, nbytes: int = 0
+) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--preset", args.preset, "--stage", stage, "--kernel", kernel]
+    cmd += ["--bytes", str(nbytes)] if kernel == READ else []
     cmd += ["--threads", str(args.threads), "--runs", str(args.runs)] + (["--pte", str(pte)] if pte else [])
     cmd += ["--image-threads"] if getattr(args, "image_threads", False) else []
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -304,6 +331,12 @@ def summarize(report: dict[str, Any], shapes: dict[str, dict[str, Any]], steps: 
     base = totals.get(BASELINE) or totals.get("eager_dense")
     report["inference_gemm_ms"] = {k: (round(t, 1) if t else None) for k, t in totals.items()}
     report["flop_weighted_speedup"] = {k: (round(base / t, 2) if t and base else None) for k, t in totals.items()}
+    reads = [report["stages"][s].get("weight_read_ms") for s in weights]
+    if all(reads):
+        report["inference_weight_read_ms"] = {
+            width: round(sum(r[width] * weights[s] for r, s in zip(reads, weights, strict=True)), 1)
+            for width in reads[0]
+        }
 
 
 def main() -> int:
@@ -332,6 +365,7 @@ def main() -> int:
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     parser.add_argument("--pte", help=argparse.SUPPRESS)
     parser.add_argument("--kernel", help=argparse.SUPPRESS)
+    parser.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
@@ -354,7 +388,11 @@ def main() -> int:
         for name, stage in shapes.items():
             flop = 2.0 * stage["rows"] * sum(i * o for i, o in stage["linears"])
             print(f"[gemm] {name}: {stage['rows']} rows, {len(stage['linears'])} linears", file=sys.stderr, flush=True)
+            params = sum(i * o for i, o in stage["linears"])
             row: dict[str, Any] = {"rows": stage["rows"], "linears": len(stage["linears"]), "gflop": flop / 1e9}
+            row["weights_m"] = round(params / 1e6, 2)
+            widths = sorted({WEIGHT_BYTES[k] for k in kernels}, reverse=True)
+            reads: dict[int, list[float]] = {w: [] for w in widths}
             ptes: dict[str, Path | None] = dict.fromkeys(kernels)
             for kernel in PTE.keys() & set(kernels):
                 pte = ptes[kernel] = Path(tmp) / f"{name}_{kernel}.pte"
@@ -368,15 +406,21 @@ def main() -> int:
                         samples[kernel].append(result["ms"])
                     if result.get("emulated"):
                         report["emulated"] = sorted(set(report.get("emulated", [])) | {kernel})
+                for width in widths:
+                    reads[width].append(run_worker(args, name, READ, nbytes=params * width)["ms"])
             for kernel in kernels:
                 row[f"{kernel}_ms"] = round(statistics.median(samples[kernel]), 3) if samples[kernel] else None
                 row[f"{kernel}_rounds_ms"] = samples[kernel]
                 print(f"[gemm]   {kernel}: {samples[kernel]} ms", file=sys.stderr, flush=True)
+            row["weight_read_ms"] = {f"{w}_byte": round(statistics.median(reads[w]), 3) for w in widths}
+            print(f"[gemm]   weights read once: {row['weight_read_ms']} ms", file=sys.stderr, flush=True)
             base = row[f"{BASELINE}_ms"] or row["eager_dense_ms"]
             for kernel in kernels:
                 ms = row[f"{kernel}_ms"]
+                read = row["weight_read_ms"][f"{WEIGHT_BYTES[kernel]}_byte"]
                 row[f"{kernel}_gflops"] = round(flop / ms / 1e6, 1) if ms else None
                 row[f"{kernel}_speedup"] = round(base / ms, 2) if ms else None
+                row[f"{kernel}_over_weight_read"] = round(ms / read, 2) if ms and read else None
             report["stages"][name] = row
     summarize(report, shapes, steps, kernels)
     emit(report, args.out)
