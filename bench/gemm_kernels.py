@@ -36,6 +36,10 @@ times the vision stage's eager kernels as the product runs a tower over several 
 rows split over the threads, each part on one torch thread (omni_ros/policy/image_threads.py); without it the
 stage's rows share every thread in each product.
 
+The linears are the product's: where a module's linears read one tensor, int8 stacks them into one
+(omni_ros/policy/precision/stacked_linears.py: q / k / v, gate / up), bf16 and float32 do not; each kernel's chain
+stacks them alike (`chain`). A stage's `linears` counts them unstacked.
+
 Each stage also gets `weight_read_ms`: the time to read its weights once at this machine's memory rate, per
 weight width (4 bytes fp32, 2 bf16, 1 int8), timed as a sum over a buffer of that many bytes on the same threads
 and in the same rounds as the kernels. A product of few rows (a denoising step: the chunk's 50 actions) cannot
@@ -67,6 +71,34 @@ WEIGHT_BYTES = {
     "eager_int_mm": 1, "xnnpack_fp32": 4, "xnnpack_int8": 1,
 }  # fmt: skip
 READ = "weight_read"  # the worker kind that times reading a stage's weights (`--bytes` of them)
+# Which groups of linears reading one tensor a kernel's product stacks (as the product's precision does).
+STACKING = {
+    "eager_dense": (), "eager_packed": (), "xnnpack_fp32": (), "eager_bf16": (),
+    "eager_int8": ("attention", "mlp"), "eager_int8_onednn": ("attention", "mlp"), "eager_int_mm": ("attention", "mlp"),
+    "xnnpack_int8": ("attention", "mlp"),
+}  # fmt: skip
+Shape = tuple[int, int]
+
+
+def group(kind: str, *members: Shape) -> tuple[str, list[Shape]]:
+    """Linears that read one tensor (`kind` attention: q / k / v; mlp: gate / up), stacked where a kernel stacks
+    `kind`."""
+    return kind, list(members)
+
+
+def chain(linears: list[Any], kernel: str = "eager_packed") -> list[Shape]:
+    """A stage's linears as `kernel`'s product runs them: each group one stacked linear or its members apart."""
+    out: list[Shape] = []
+    for item in linears:
+        if isinstance(item[0], str):
+            kind, members = item
+            if kind in STACKING.get(kernel, ()):
+                out.append((members[0][0], sum(o for _, o in members)))
+            else:
+                out += members
+        else:
+            out.append(item)
+    return out
 
 
 def smolvla_stage_shapes() -> tuple[dict[str, dict[str, Any]], int]:
@@ -77,15 +109,16 @@ def smolvla_stage_shapes() -> tuple[dict[str, dict[str, Any]], int]:
     v, t, e = cfg.vision, cfg.text, cfg.expert
     cameras = len(cfg.camera_names)
     patches = (cfg.tile_size // v.patch_size) ** 2
-    vision_layer = [(v.width, v.width)] * 4 + [(v.width, v.mlp_dim), (v.mlp_dim, v.width)]
+    # The SigLIP blocks' q / k / v are one linear in the model (pi0/vision.py's VitBlock).
+    vision_layer = [(v.width, 3 * v.width), (v.width, v.width), (v.width, v.mlp_dim), (v.mlp_dim, v.width)]
     q, kv = t.num_heads * t.head_dim, t.num_kv_heads * t.head_dim
-    text_layer = [(t.width, q), (t.width, kv), (t.width, kv), (q, t.width)]
-    text_layer += [(t.width, t.mlp_dim), (t.width, t.mlp_dim), (t.mlp_dim, t.width)]
-    expert: list[tuple[int, int]] = []
+    text_layer: list[Any] = [group("attention", (t.width, q), (t.width, kv), (t.width, kv)), (q, t.width)]
+    text_layer += [group("mlp", (t.width, t.mlp_dim), (t.width, t.mlp_dim)), (t.mlp_dim, t.width)]
+    expert: list[Any] = []
     for _, kind in cfg.layer_plan():
         # A cross-attention layer projects the cached VLM K/V once in prefill; per step it has q and o.
-        expert += [(e.width, q)] + ([(e.width, kv), (e.width, kv)] if kind == "self" else []) + [(q, e.width)]
-        expert += [(e.width, e.mlp_dim), (e.width, e.mlp_dim), (e.mlp_dim, e.width)]
+        expert += [group("attention", (e.width, q), (e.width, kv), (e.width, kv)) if kind == "self" else (e.width, q)]
+        expert += [(q, e.width), group("mlp", (e.width, e.mlp_dim), (e.width, e.mlp_dim)), (e.mlp_dim, e.width)]
     # The connector projects the pixel-shuffled image tokens (2 x 64 rows); it is counted with the prefill, at
     # the prefill's 177 rows (2% more than its GEMM work).
     connector = [(v.width * v.scale_factor**2, t.width)]
@@ -131,8 +164,8 @@ def stage_shapes(preset_name: str) -> tuple[dict[str, dict[str, Any]], int]:
 
     def decoder(part, rows: int, layers: int) -> dict[str, Any]:
         q, kv = part.num_heads * part.head_dim, part.num_kv_heads * part.head_dim
-        one = [(part.width, q), (part.width, kv), (part.width, kv), (q, part.width)]
-        one += [(part.width, part.mlp_dim), (part.width, part.mlp_dim), (part.mlp_dim, part.width)]
+        one: list[Any] = [group("attention", (part.width, q), (part.width, kv), (part.width, kv)), (q, part.width)]
+        one += [group("mlp", (part.width, part.mlp_dim), (part.width, part.mlp_dim)), (part.mlp_dim, part.width)]
         return {"rows": rows, "linears": one * layers}
 
     vision_layer = [(v.width, 3 * v.width), (v.width, v.width), (v.width, v.mlp_dim), (v.mlp_dim, v.width)]
@@ -185,7 +218,8 @@ def export(stage: dict[str, Any], quantize: str, out: Path) -> None:
 
     from omni_ros.policy.quantize import quantize_model
 
-    model = quantize_model(build(stage["linears"]), quantize)
+    kernel = "xnnpack_int8" if quantize != "none" else "xnnpack_fp32"
+    model = quantize_model(build(chain(stage["linears"], kernel)), quantize)
     example = model.example(stage["rows"])
     with torch.no_grad():
         program = torch.export.export(model, example)
@@ -210,7 +244,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.kernel == READ:
         return {"ms": read_ms(args.bytes, args.runs)}
     stage = stage_shapes(args.preset)[0][args.stage]
-    model = build(stage["linears"])
+    model = build(chain(stage["linears"], args.kernel))
     xs = model.example(stage["rows"])
     emulated = False
     if args.pte is None:
@@ -386,10 +420,11 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="omni_gemm_") as tmp:
         for name, stage in shapes.items():
-            flop = 2.0 * stage["rows"] * sum(i * o for i, o in stage["linears"])
-            print(f"[gemm] {name}: {stage['rows']} rows, {len(stage['linears'])} linears", file=sys.stderr, flush=True)
-            params = sum(i * o for i, o in stage["linears"])
-            row: dict[str, Any] = {"rows": stage["rows"], "linears": len(stage["linears"]), "gflop": flop / 1e9}
+            linears = chain(stage["linears"])  # unstacked: the FLOPs and weights are the same stacked
+            flop = 2.0 * stage["rows"] * sum(i * o for i, o in linears)
+            print(f"[gemm] {name}: {stage['rows']} rows, {len(linears)} linears", file=sys.stderr, flush=True)
+            params = sum(i * o for i, o in linears)
+            row: dict[str, Any] = {"rows": stage["rows"], "linears": len(linears), "gflop": flop / 1e9}
             row["weights_m"] = round(params / 1e6, 2)
             widths = sorted({WEIGHT_BYTES[k] for k in kernels}, reverse=True)
             reads: dict[int, list[float]] = {w: [] for w in widths}

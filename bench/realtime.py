@@ -89,7 +89,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from common import add_worker_args, cpu_facts, cpu_seconds, emit, listen, median_ms, ros_listener, stop
+from common import add_worker_args, cpu_facts, cpu_seconds, emit, listen, ros_listener, stop
 
 from omni_ros.cpu_threads import WAIT_POLICIES
 from omni_ros.ros_env import EXECUTORS
@@ -122,44 +122,72 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     # The product's loader of a checkpoint (the backend factory's): the int8 program kernel included.
     from omni_ros.backends.stage_program import load_checkpoint
+    from omni_ros.policy.precision import stacked_linears
+
+    def load(unstacked: bool) -> Any:
+        stack = stacked_linears.stack_shared_input_linears
+        if unstacked:
+            # The A/B policy: every linear its own product, as before the precisions stacked those reading one tensor.
+            stacked_linears.stack_shared_input_linears = lambda model, keep: 0
+        try:
+            return load_checkpoint(
+                args.checkpoint,
+                precision=args.precision,
+                cpu_linear="packed",
+                compile=args.compile,
+                int8_kernel=args.int8_kernel[0],
+                rtc_method=args.offline_rtc_method,
+            )
+        finally:
+            stacked_linears.stack_shared_input_linears = stack
 
     start = time.perf_counter()
-    policy = load_checkpoint(
-        args.checkpoint,
-        precision=args.precision,
-        cpu_linear="packed",
-        compile=args.compile,
-        int8_kernel=args.int8_kernel[0],
-        rtc_method=args.offline_rtc_method,
-    )
+    policies = {"stacked": load(False)}
     load_s = time.perf_counter() - start
+    if args.unstacked:
+        policies["unstacked"] = load(True)
+    policy = policies["stacked"]
     obs = observation(policy.metadata)
-    previous = [policy.infer(obs)["actions"]]
+    previous = {name: p.infer(obs)["actions"] for name, p in policies.items()}
 
-    def infer() -> dict[str, Any]:
+    def infer(name: str) -> dict[str, Any]:
         # Under RTC each chunk continues the one before it, as the executor asks (the guidance's backward pass
         # is the cost of `guided`).
         rtc = None
         if args.offline_rtc_method:
             from omni_ros.policy.rtc import RtcRequest
 
-            plan = previous[0][RTC_DELAY:]
+            plan = previous[name][RTC_DELAY:]
             rtc = RtcRequest(plan, inference_delay=RTC_DELAY, method=args.offline_rtc_method)
-        out = policy.infer(obs, rtc=rtc)
-        previous[0] = out["actions"]
+        out = policies[name].infer(obs, rtc=rtc)
+        previous[name] = out["actions"]
         return out
 
     # A robot runs chunk after chunk: warm up until the runner has settled its choices (the denoising steps'
     # threads are timed over the first 26 steps, about three chunks), then time the steady state.
     start = time.perf_counter()
-    infer()
+    infer("stacked")
     first_chunk_s = time.perf_counter() - start
-    for _ in range(WARMUP_CHUNKS - 1):
-        infer()
-    timings: list[dict[str, float]] = []
-    chunk_ms = median_ms(lambda: timings.append(infer()["policy_timing"]), args.runs, warmup=0)
-    stages = {k: round(float(np.median([t[k] for t in timings])), 1) for k in timings[0] if k.endswith("_ms")}
-    return {
+    for name in policies:
+        for _ in range(WARMUP_CHUNKS - (1 if name == "stacked" else 0)):
+            infer(name)
+    # With the A/B policy, chunks alternate between the two (in turn, each round in the other order), so a slow
+    # spell of this VM lands on both.
+    timings: dict[str, list[dict[str, float]]] = {name: [] for name in policies}
+    walls: dict[str, list[float]] = {name: [] for name in policies}
+    for run in range(args.runs):
+        for name in list(policies)[:: 1 if run % 2 == 0 else -1]:
+            start = time.perf_counter()
+            timings[name].append(infer(name)["policy_timing"])
+            walls[name].append(1e3 * (time.perf_counter() - start))
+
+    def summary(name: str) -> tuple[float, dict[str, float]]:
+        rows = timings[name]
+        stages = {k: round(float(np.median([t[k] for t in rows])), 1) for k in rows[0] if k.endswith("_ms")}
+        return float(np.median(walls[name])), stages
+
+    chunk_ms, stages = summary("stacked")
+    out = {
         "precision": policy.metadata.precision,
         "load_s": round(load_s, 1),
         "first_chunk_s": round(first_chunk_s, 1),
@@ -169,13 +197,25 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         "stages_ms": stages,
         "n_action_steps": policy.metadata.action_horizon,
     }
+    if args.unstacked:
+        apart_ms, apart_stages = summary("unstacked")
+        out["unstacked"] = {"chunk_ms": round(apart_ms, 1), "stages_ms": apart_stages, "alternated": True}
+        out["unstacked"]["stacked_over_unstacked"] = round(chunk_ms / apart_ms, 3)
+        out["unstacked"]["denoise_stacked_over_unstacked"] = round(stages["denoise_ms"] / apart_stages["denoise_ms"], 3)
+    return out
 
 
 def run_worker(
-    args: argparse.Namespace, precision: str, threads: int, compiled: bool = False, kernel: str = "auto"
+    args: argparse.Namespace,
+    precision: str,
+    threads: int,
+    compiled: bool = False,
+    kernel: str = "auto",
+    unstacked: bool = False,
 ) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--checkpoint", str(args.checkpoint), "--precision", precision]
     cmd += ["--threads", str(threads), "--runs", str(args.runs)] + (["--compile"] if compiled else [])
+    cmd += ["--unstacked"] if unstacked else []
     cmd += ["--int8-kernel", kernel]
     if args.offline_rtc_method:
         cmd += ["--offline-rtc-method", args.offline_rtc_method]
@@ -630,7 +670,15 @@ def main() -> int:
         help="after each offline row, its linears alone at this bench/gemm_kernels.py preset's shapes (smolvla: the "
         "default checkpoint's) with the row's kernel, in the same run: `gemm_floor` in the row, the chunk over it",
     )
+    parser.add_argument(
+        "--offline-unstacked",
+        action="store_true",
+        help="beside each bf16 / int8 offline row's policy, the same one with every linear its own product (not the "
+        "stacked q / k / v and gate / up of omni_ros/policy/precision/stacked_linears.py), in the same process, "
+        "chunks alternating between the two: `unstacked` in the row",
+    )
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--unstacked", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--lerobot-python", default=str(Path(os.environ.get("LEROBOT_VENV", "/work/venv-lerobot"))
                         / "bin" / "python"))  # fmt: skip
@@ -659,7 +707,8 @@ def main() -> int:
         for precision, compiled, kernel in rows:
             named = f" ({kernel})" if precision == "int8" else ""
             log(f"{precision}{' compiled' if compiled else ''}{named} at {threads} thread(s) ...")
-            row = run_worker(args, precision, threads, compiled, kernel)
+            unstacked = args.offline_unstacked and precision in ("bf16", "int8")
+            row = run_worker(args, precision, threads, compiled, kernel, unstacked=unstacked)
             if args.offline_beside_sim:
                 log("  again, the simulator node running beside it ...")
                 near = beside_sim(partial(run_worker, args, precision, threads, compiled, kernel))

@@ -43,3 +43,16 @@ def test_the_read_worker_times_a_buffer_in_a_fresh_process():
     args = argparse.Namespace(preset="tiny", threads=1, runs=2, image_threads=False)
     result = gemm_kernels.run_worker(args, "denoise_step", gemm_kernels.READ, nbytes=8 * 2**20)
     assert result["ms"] > 0
+
+
+def test_each_kernels_chain_stacks_the_groups_its_product_stacks():
+    # The product: int8 stacks q / k / v and gate / up, bf16 and float32 nothing
+    # (omni_ros/policy/precision/stacked_linears.py); the weights are the same however they are stacked.
+    shapes, _ = gemm_kernels.stage_shapes("pi0_edge")
+    step = shapes["denoise_step"]["linears"]
+    fp32, bf16, int8 = (gemm_kernels.chain(step, k) for k in ("eager_packed", "eager_bf16", "eager_int8_onednn"))
+    layers = 6
+    assert (len(fp32), len(bf16), len(int8)) == (7 * layers, 7 * layers, 4 * layers)
+    weights = {sum(i * o for i, o in c) for c in (fp32, bf16, int8)}
+    assert len(weights) == 1
+    assert int8[0] == (256, 8 * 64 + 2 * 64) and int8[2] == (256, 2 * 1024)  # q|k|v, then gate|up

@@ -100,9 +100,12 @@ def apply_precision(
         return PackedLinear(linear) if packed else linear
 
     from omni_ros.policy.precision.shared_input import SharedInput
+    from omni_ros.policy.precision.stacked_linears import stack_shared_input_linears
     from omni_ros.policy.precision.tied_head import use_tied_heads
 
     shared = SharedInput()  # one conversion per input tensor for all of this model's bf16 / int8 linears
+    if choice.precision == "int8" and choice.kernel != "xnnpack":  # XNNPACK's methods stack theirs themselves
+        stack_shared_input_linears(model, lambda module, name: robot_side(name))
     if choice.precision == "bf16":
         from omni_ros.policy.precision.bf16_linear import Bf16Linear
 
