@@ -3,9 +3,9 @@
 
 A denoising step multiplies 50 rows by each weight, and there each call's fixed cost (a oneDNN primitive and its
 parallel region, the row scaling around it), not its arithmetic or the weight it reads, sets the time: a
-full-size SmolVLA step's int8 products took 10x the time it takes to read their weights (docs/precision.md,
-bench/results/gemm_kernels_smolvla_weight_read_amx.json). Stacked, that step's 96 products are 64, and its
-compiled int8 chunk ran 0.978x the unstacked one (denoising 0.975x) with the same actions, bit for bit
+full-size SmolVLA step's int8 products took 7.3x the time it takes to read their weights, stacked
+(docs/precision.md, bench/results/gemm_kernels_smolvla_weight_read_amx.json). Stacked, that step's 96 products
+are 64, and its compiled int8 chunk ran 0.978x the unstacked one (denoising 0.975x) with the same actions, bit for bit
 (bench/results/realtime_stacked.json: both policies in one process, chunks alternating). bf16 stacks nothing:
 its stacked chunk was 1.022x the unstacked one in the same run (its MLPs keep their fused kernel anyway:
 fused_mlp.py makes the activation a post-op of the first product, which a stacked product cannot give half
