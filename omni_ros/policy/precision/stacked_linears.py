@@ -64,6 +64,7 @@ class StackedSlice(nn.Module):
         self.stacked = stacked  # the same module in every member (named_modules yields it once)
         self.start, self.stop = start, stop
         self.in_features, self.out_features = linear.in_features, stop - start
+        # The member's own bias, read by weight_count (the product adds the stacked layer's copy of it).
         self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,11 +90,13 @@ def stack_shared_input_linears(model: nn.Module, keep: Callable[[nn.Module, str]
             if len({m.in_features for m in linears}) != 1 or len({m.bias is None for m in linears}) != 1:
                 continue
             width, bias = sum(m.out_features for m in linears), linears[0].bias is not None
-            layer = nn.Linear(linears[0].in_features, width, bias=bias)
-            with torch.no_grad():
-                layer.weight.copy_(torch.cat([m.weight.detach() for m in linears]))
-                if layer.bias is not None:
-                    layer.bias.copy_(torch.cat([m.bias.detach() for m in linears if m.bias is not None]))
+            # Built on the meta device and given the stacked tensors: no random initialization of weights that are
+            # replaced at once (a full-size pi0's groups are over a billion of them).
+            layer = nn.Linear(linears[0].in_features, width, bias=bias, device="meta")
+            layer.weight = nn.Parameter(torch.cat([m.weight.detach() for m in linears]), requires_grad=False)
+            if bias:
+                biases = [m.bias.detach() for m in linears if m.bias is not None]
+                layer.bias = nn.Parameter(torch.cat(biases), requires_grad=False)
             stacked, start = StackedLinears(layer), 0
             for name, linear in members:
                 setattr(module, name, StackedSlice(stacked, start, start + linear.out_features, linear))
