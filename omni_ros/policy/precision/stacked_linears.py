@@ -24,13 +24,13 @@ stay LeRobot's), the robot-side layers, and members whose input widths or biases
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from omni_ros.policy.linear_swap import float_cpu_linear
+from omni_ros.policy.precision.shared_input import SharedInput
 
 
 class StackedLinears(nn.Module):
@@ -39,19 +39,12 @@ class StackedLinears(nn.Module):
     def __init__(self, layer: nn.Module) -> None:
         super().__init__()
         self.layer = layer  # a float nn.Linear until the precision swaps it
-        self._local = threading.local()
+        # The same rule as a shared input conversion: per thread, for that very unmodified tensor; computed afresh
+        # while tracing, where the compiler merges the members' identical calls.
+        self._last = SharedInput()
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return self.layer(x)  # the compiler merges the members' identical calls
-        last = getattr(self._local, "last", None)
-        version = -1 if x.is_inference() else x._version
-        # Holding `x` itself (not its id) keeps its address from being reused while it is the key.
-        if last is not None and last[0] is x and last[1] == version:
-            return last[2]
-        out = self.layer(x)
-        self._local.last = (x, version, out)
-        return out
+        return self._last.get(x, self.layer)
 
 
 class StackedSlice(nn.Module):
